@@ -1,0 +1,30 @@
+"""environment.yml (conda) names the same packages as pyproject.toml, with the pins of constraints.txt."""
+import re
+import tomllib
+
+from conftest import ROOT
+
+
+def name_of(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ;]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def conda_pip_requirements() -> list[str]:
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = lines.index("  - pip:")
+    return [ln.strip()[2:] for ln in lines[start + 1:] if ln.startswith("      - ")]
+
+
+def test_same_packages_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = {name_of(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    conda = {name_of(r) for r in conda_pip_requirements() if not r.startswith("-e")}
+    assert conda == wanted
+
+
+def test_conda_pins_are_the_constraints():
+    pins = [ln for ln in (ROOT / "constraints.txt").read_text().splitlines() if ln and not ln.startswith("#")]
+    assert pins, "constraints.txt pins nothing"
+    for pin in pins:
+        assert pin in conda_pip_requirements(), f"environment.yml does not pin {pin}"
+    assert "-e ." in conda_pip_requirements(), "environment.yml does not install the lessons package"

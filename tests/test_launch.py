@@ -1,0 +1,110 @@
+"""lessons.torchrun: results, failures with their root cause, timeouts, interrupts, bad input."""
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import lessons
+from lessons.launch import LaunchResult, _root_cause_rank, as_terminal_shows
+from conftest import FIXTURES, SCRIPTS
+
+
+def test_result_and_rank_outputs(launch_env, capsys):
+    run = lessons.torchrun(SCRIPTS / "hello_dist.py", nproc=2, env=launch_env)
+    assert run.returncode == 0
+    assert run.result == {"world_size": 2, "backend": "gloo", "all_reduce_sum": 3.0, "correct": True}
+    assert sorted(run.outputs) == [0, 1]
+    assert "rank 1 of 2" in run.outputs[1]
+    shown = capsys.readouterr().out
+    # Rank by rank, each line labelled: the same order every run.
+    assert shown.index("[rank0] rank 0 of 2") < shown.index("[rank1] rank 1 of 2")
+
+
+def test_failing_rank_raises_with_its_own_traceback(launch_env):
+    with pytest.raises(lessons.LaunchError) as failure:
+        lessons.torchrun(SCRIPTS / "crash_on_rank1.py", nproc=2, env=launch_env, show=False)
+    message = str(failure.value)
+    first_line = message.splitlines()[0]
+    assert first_line == "rank 1 of crash_on_rank1.py failed (exit code 1):"
+    assert message.splitlines()[1] == "Traceback (most recent call last):"
+    assert "ValueError: rank 1 has a bug: this is the root cause" in message
+    assert "ChildFailedError" not in message  # not torchrun's wall of text
+    assert failure.value.result.outputs[0].startswith("rank 0 started")
+    assert failure.value.rank == 1
+    assert failure.value.root_cause == "ValueError: rank 1 has a bug: this is the root cause"
+
+
+def test_rank_killed_by_a_signal_is_named(launch_env):
+    with pytest.raises(lessons.LaunchError, match=r"^rank 0 of abort_rank0.py failed \(signal SIGABRT\)"):
+        lessons.torchrun(FIXTURES / "abort_rank0.py", nproc=2, env=launch_env, show=False)
+
+
+@pytest.mark.parametrize("extra", [[], ["--ignore-sigterm"]], ids=["hang", "hang-ignoring-sigterm"])
+def test_timeout_stops_every_process(launch_env, extra):
+    start = time.monotonic()
+    with pytest.raises(lessons.LaunchError, match=r"timed out after 8 s; stopped torchrun and 2 worker"):
+        lessons.torchrun(FIXTURES / "hang.py", nproc=2, args=extra, timeout=8, env=launch_env, show=False)
+    # Workers that ignore SIGTERM get SIGKILL after the grace period; nobody waits 30 s.
+    assert time.monotonic() - start < 8 + 2 * lessons.launch.STOP_GRACE_S + 5
+    # launch_env's teardown checks that no process of the launch is left.
+
+
+def test_timeout_keeps_the_output_so_far(launch_env):
+    with pytest.raises(lessons.LaunchError) as failure:
+        lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=8, env=launch_env, show=False)
+    assert failure.value.result.outputs == {0: "hanging now\n", 1: "hanging now\n"}
+
+
+def test_interrupt_stops_every_process_and_propagates(launch_env):
+    main_thread = threading.main_thread().ident
+    timer = threading.Timer(8, lambda: signal.pthread_kill(main_thread, signal.SIGINT))
+    timer.start()  # as the kernel's stop button does: SIGINT to the kernel process
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=60, env=launch_env, show=False)
+    finally:
+        timer.cancel()
+
+
+@pytest.mark.parametrize("kwargs, error, text", [
+    ({"script": "no_such_script.py"}, FileNotFoundError, "no such script: no_such_script.py"),
+    ({"script": 42}, TypeError, "script must be a path"),
+    ({"nproc": 0}, ValueError, "nproc must be between 1 and 32, got 0"),
+    ({"nproc": 1000}, ValueError, "nproc must be between 1 and 32, got 1000"),
+    ({"nproc": "2"}, TypeError, "nproc must be an int, not str"),
+    ({"nproc": 2.0}, TypeError, "nproc must be an int, not float"),
+    ({"args": "--steps 3"}, TypeError, "args must be a list or tuple"),
+    ({"args": [None]}, TypeError, "each arg must be a str or number"),
+    ({"timeout": -1}, ValueError, "timeout must be positive"),
+    ({"timeout": "10"}, TypeError, "timeout must be seconds"),
+    ({"threads_per_rank": 0}, ValueError, "threads_per_rank must be an int >= 1"),
+])
+def test_bad_input_is_refused_in_one_line(kwargs, error, text):
+    kwargs = {"script": SCRIPTS / "hello_dist.py", **kwargs}
+    with pytest.raises(error) as refused:
+        lessons.torchrun(**kwargs)
+    assert text in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_root_cause_prefers_the_rank_whose_own_code_raised():
+    peer_lost = "Traceback (most recent call last):\n  ...\ntorch.distributed.DistBackendError: Connection closed by peer\n"
+    own_bug = "Traceback (most recent call last):\n  ...\nValueError: bad shape\n"
+    launch = LaunchResult(returncode=1, stderr={0: peer_lost, 1: own_bug, 2: peer_lost})
+    assert _root_cause_rank(launch, codes={0: 1, 1: 1, 2: 1}) == 1
+    # Only peers' errors: the lowest such rank.
+    launch = LaunchResult(returncode=1, stderr={0: "", 1: peer_lost})
+    assert _root_cause_rank(launch, codes={0: -15, 1: 1}) == 1
+
+
+def test_result_line_and_progress_bars():
+    launch = LaunchResult(returncode=0, stdout={0: 'hi\nRESULT {"a": 1}\n'})
+    assert lessons.launch._parse_result(launch.stdout[0]) == {"a": 1}
+    assert as_terminal_shows("epoch 1:  50%|#  |\r epoch 1: 100%|##|\nnext") == " epoch 1: 100%|##|\nnext"
+
+
+def test_command_line_for_a_terminal():
+    assert lessons.command_line("ddp_scripts/ddp_minimal.py", 4, ["--steps", 3]) == (
+        "torchrun --standalone --nproc-per-node=4 ddp_scripts/ddp_minimal.py --steps 3")

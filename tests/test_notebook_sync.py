@@ -1,0 +1,45 @@
+"""The notebook cell is the source: each `%%writefile ../ddp_scripts/X.py` cell equals the committed file."""
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SCRIPTS
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def written_scripts() -> dict[str, tuple[Path, str]]:
+    """script name -> (notebook, text the cell writes), for every %%writefile cell."""
+    found = {}
+    for notebook in NOTEBOOKS:
+        for cell in json.loads(notebook.read_text())["cells"]:
+            source = "".join(cell["source"])
+            if cell["cell_type"] == "code" and source.startswith("%%writefile"):
+                first_line, _, body = source.partition("\n")
+                target = Path(first_line.split(maxsplit=1)[1])
+                assert target.parent == Path("../ddp_scripts"), f"{notebook.name} writes outside ddp_scripts: {target}"
+                assert target.name not in found, f"{target.name} is written by two cells"
+                # %%writefile writes the cell body and ends it with a newline.
+                found[target.name] = (notebook, body if body.endswith("\n") else body + "\n")
+    return found
+
+
+def test_notebooks_exist():
+    assert NOTEBOOKS, "no notebooks found"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SCRIPTS.glob("*.py")))
+def test_every_script_is_written_by_a_notebook_cell(name):
+    cells = written_scripts()
+    assert name in cells, f"ddp_scripts/{name} is committed but no notebook cell writes it"
+    notebook, text = cells[name]
+    committed = (SCRIPTS / name).read_text()
+    assert committed == text, (
+        f"ddp_scripts/{name} differs from its %%writefile cell in {notebook.name}: "
+        "edit the notebook cell, run it, and commit both")
+
+
+def test_every_written_script_is_committed():
+    missing = [name for name in written_scripts() if not (SCRIPTS / name).exists()]
+    assert missing == [], f"notebook cells write scripts that are not committed: {missing}"
