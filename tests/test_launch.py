@@ -1,6 +1,7 @@
 """lessons.torchrun: results, failures with their root cause, timeouts, interrupts, bad input."""
-import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -8,7 +9,7 @@ import pytest
 
 import lessons
 from lessons.launch import LaunchResult, _root_cause_rank, as_terminal_shows
-from conftest import FIXTURES, SCRIPTS
+from conftest import FIXTURES, MARKER, SCRIPTS, processes_with
 
 
 def test_result_and_rank_outputs(launch_env, capsys):
@@ -108,3 +109,23 @@ def test_result_line_and_progress_bars():
 def test_command_line_for_a_terminal():
     assert lessons.command_line("ddp_scripts/ddp_minimal.py", 4, ["--steps", 3]) == (
         "torchrun --standalone --nproc-per-node=4 ddp_scripts/ddp_minimal.py --steps 3")
+
+
+def test_a_killed_kernel_takes_the_launch_with_it(launch_env):
+    """The kernel process dies (Restart kernel, OOM killer): torchrun gets SIGTERM and stops its workers."""
+    kernel = subprocess.Popen([sys.executable, "-c", (
+        "import sys, lessons; "
+        f"lessons.torchrun({str(FIXTURES / 'hang.py')!r}, nproc=2, timeout=120, env={launch_env!r})")])
+    try:
+        deadline = time.monotonic() + 60
+        while len(processes_with(launch_env[MARKER])) < 3:  # torchrun and its 2 workers
+            assert time.monotonic() < deadline, "the launch did not start"
+            time.sleep(0.2)
+        time.sleep(2)  # let the workers get to their hang
+    finally:
+        kernel.kill()
+        kernel.wait()
+    deadline = time.monotonic() + 3 * lessons.launch.STOP_GRACE_S
+    while processes_with(launch_env[MARKER]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    # launch_env's teardown asserts that nothing is left.
