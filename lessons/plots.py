@@ -1,0 +1,99 @@
+"""Figures for the lessons, drawn from what the launched scripts reported (their RESULT)."""
+from __future__ import annotations
+
+# Who sends to whom, for each collective on N ranks (src, dst) — the picture's arrows.
+_FLOWS = {
+    "send_recv": lambda n: [(0, 1)],
+    "broadcast": lambda n: [(0, d) for d in range(n) if d != 0],
+    "reduce": lambda n: [(s, 0) for s in range(n) if s != 0],
+    "all_reduce": lambda n: [(s, d) for s in range(n) for d in range(n) if s != d],
+    "all_gather": lambda n: [(s, d) for s in range(n) for d in range(n) if s != d],
+    "reduce_scatter": lambda n: [(s, d) for s in range(n) for d in range(n) if s != d],
+    "barrier": lambda n: [],
+}
+
+
+def _fmt(values: list[float]) -> str:
+    return "[" + ", ".join(f"{v:g}" for v in values) + "]"
+
+
+def plot_collective(result: dict):
+    """Before (top) and after (bottom) on each rank, with an arrow for each rank-to-rank flow."""
+    import matplotlib.pyplot as plt
+
+    op, n = result["op"], result["world_size"]
+    fig, ax = plt.subplots(figsize=(2.2 * n + 1, 2.6))
+    for rank in range(n):
+        for y, key in ((1.0, "before"), (0.0, "after")):
+            ax.text(rank, y, f"rank {rank}\n{_fmt(result[key][rank])}", ha="center", va="center", fontsize=8,
+                    bbox={"boxstyle": "round", "facecolor": "#dde8f7" if key == "before" else "#d9f2dc"})
+    for src, dst in _FLOWS[op](n):
+        ax.annotate("", xy=(dst, 0.2), xytext=(src, 0.8),
+                    arrowprops={"arrowstyle": "->", "color": "#555", "alpha": 0.6})
+    if op == "barrier":
+        ax.axhline(0.5, color="#c33", linestyle="--")
+        ax.text(n - 0.5, 0.55, "everyone waits here", color="#c33", fontsize=8, ha="right")
+    ax.set_xlim(-0.7, n - 0.3)
+    ax.set_ylim(-0.4, 1.4)
+    ax.axis("off")
+    ax.set_title(f"{op}: before (top), after (bottom)")
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
+    return fig
+
+
+def plot_traffic(results: list[dict]):
+    """Bytes each rank sends, ring vs naive, against N, measured (dots) and predicted (lines)."""
+    import matplotlib.pyplot as plt
+
+    ns = [r["world_size"] for r in results]
+    size = results[0]["numel"] * 4  # float32
+    ring = [max(r["bytes_per_rank"]["ring"]["sent"]) / size for r in results]
+    naive0 = [r["bytes_per_rank"]["naive"]["sent"][0] / size for r in results]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(ns, [2 * (n - 1) / n for n in ns], "-", color="tab:green", label="ring, 2(N-1)/N")
+    ax.plot(ns, ring, "o", color="tab:green", label="ring, measured (busiest rank)")
+    ax.plot(ns, [n - 1 for n in ns], "-", color="tab:red", label="naive rank 0, N-1")
+    ax.plot(ns, naive0, "o", color="tab:red", label="naive rank 0, measured")
+    ax.set_xlabel("ranks N")
+    ax.set_ylabel("bytes sent per rank / tensor size S")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
+    return fig
+
+
+def fit_alpha_beta(rows: list[dict], impl: str) -> tuple[float, float]:
+    """Least-squares fit of time = alpha + beta * bytes: latency (s) and inverse bandwidth (s/byte)."""
+    points = [(r["bytes"], r["seconds"]) for r in rows if r["impl"] == impl]
+    if len(points) < 2:
+        raise ValueError(f"need at least two sizes for {impl!r}, got {len(points)}")
+    xs, ys = zip(*points)
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    beta = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in xs)
+    return mean_y - beta * mean_x, beta
+
+
+def plot_bandwidth(result: dict):
+    """busbw against message size for each implementation, with the alpha-beta model's curve."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    n = result["world_size"]
+    for impl, colour in (("builtin", "tab:blue"), ("ring", "tab:orange")):
+        rows = [r for r in result["rows"] if r["impl"] == impl]
+        sizes = [r["bytes"] for r in rows]
+        ax.plot(sizes, [r["busbw_gbps"] for r in rows], "o", color=colour, label=f"{impl}, measured")
+        alpha, beta = fit_alpha_beta(result["rows"], impl)
+        model = [s / (alpha + beta * s) / 1e9 * 2 * (n - 1) / n for s in sizes]
+        ax.plot(sizes, model, "-", color=colour, alpha=0.6, label=f"{impl}, alpha-beta model")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(f"all-reduce on {n} ranks ({result['backend']})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
+    return fig
