@@ -97,3 +97,27 @@ def plot_bandwidth(result: dict):
     fig.tight_layout()
     plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
     return fig
+
+
+def plot_bucket_sweep(result: dict):
+    """Step time against bucket size, ours vs torch's DDP; naive and overlap as flat lines."""
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for variant, colour in (("bucketed", "tab:orange"), ("torch_ddp", "tab:blue")):
+        points = sorted((r["bucket_mb"], r["step_ms"]) for r in rows if r["variant"] == variant)
+        ax.plot(*zip(*points), "o-", color=colour, label=variant)
+    for variant, style in (("naive", ":"), ("overlap", "--")):
+        for r in rows:
+            if r["variant"] == variant:
+                ax.axhline(r["step_ms"], color="grey", linestyle=style, label=variant)
+    ax.set_xscale("log")
+    ax.set_xlabel("bucket size (MB)")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title(f"DDP step time on {result['world_size']} ranks")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
+    return fig

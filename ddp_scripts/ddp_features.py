@@ -1,0 +1,86 @@
+"""What torch's DDP adds to the from-scratch versions, one demo each.
+
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo unused [--find-unused]
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo bucket-view
+"""
+import argparse
+import json
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddp_common import backend_and_device  # import before init_process_group
+
+
+class TwoHeads(torch.nn.Module):
+    """Only one head is used per forward: the other's parameters get no gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(8, 8)
+        self.head_a = torch.nn.Linear(8, 1)
+        self.head_b = torch.nn.Linear(8, 1)
+
+    def forward(self, x, use_b=False):
+        return (self.head_b if use_b else self.head_a)(self.body(x))
+
+
+def demo_broadcast(device):
+    torch.manual_seed(dist.get_rank())  # deliberately different weights on each rank
+    model = torch.nn.Linear(4, 1).to(device)
+    before = round(model.weight[0, 0].item(), 4)
+    model = DDP(model)  # construction broadcasts rank 0's parameters and buffers
+    after = round(model.module.weight[0, 0].item(), 4)
+    print(f"rank {dist.get_rank()}: weight[0,0] before DDP {before:+.4f}, after {after:+.4f}")
+    return {"before": before, "after": after}
+
+
+def demo_unused(device, find_unused):
+    torch.manual_seed(0)
+    model = DDP(TwoHeads().to(device), find_unused_parameters=find_unused)
+    for step in range(3):
+        # head_b gets no gradient. Without find_unused_parameters, DDP waits for it forever:
+        # its bucket never fills, and the next forward() raises.
+        model(torch.randn(4, 8, device=device)).sum().backward()
+    print(f"rank {dist.get_rank()}: 3 steps with an unused head, find_unused_parameters={find_unused}: ok")
+    return {"steps": 3}
+
+
+def demo_bucket_view(device):
+    shares = {}
+    for as_view in (False, True):
+        torch.manual_seed(0)
+        model = DDP(torch.nn.Linear(64, 64).to(device), gradient_as_bucket_view=as_view)
+        model(torch.randn(4, 64, device=device)).sum().backward()
+        # A view has a ._base: the gradient is then a window into DDP's flat bucket, no copy.
+        shares[as_view] = model.module.weight.grad._base is not None
+        print(f"rank {dist.get_rank()}: gradient_as_bucket_view={as_view}: .grad is a view of the bucket: "
+              f"{shares[as_view]}")
+    return {"grad_is_bucket_view": shares[True], "grad_is_copy_without_flag": not shares[False]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--demo", choices=["broadcast", "unused", "bucket-view"], required=True)
+    parser.add_argument("--find-unused", action="store_true")
+    args = parser.parse_args()
+
+    backend, device = backend_and_device()
+    dist.init_process_group(backend)
+    if args.demo == "broadcast":
+        mine = demo_broadcast(device)
+    elif args.demo == "unused":
+        mine = demo_unused(device, args.find_unused)
+    else:
+        mine = demo_bucket_view(device)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        print("RESULT " + json.dumps({"demo": args.demo, "world_size": dist.get_world_size(), "ranks": everyone}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
