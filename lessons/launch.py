@@ -235,18 +235,19 @@ def _collect(log_dir: str, launcher_log: Path, returncode: int, command: list[st
         returncode=returncode, stdout=dict(sorted(stdout.items())), stderr=dict(sorted(stderr.items())),
         command=command, launcher_log=_read(launcher_log),
     )
-    launch.result = _parse_result(launch.stdout.get(0, ""))
+    launch.result = parse_result(launch.stdout.get(0, ""))
     return launch
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
+    try:  # bytes, not read_text(): universal newlines would turn tqdm's "\r" redraws into lines
+        return path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return ""
 
 
-def _parse_result(text: str) -> dict | None:
+def parse_result(text: str) -> dict | None:
+    """The JSON of the last `RESULT {...}` line in a script's output, or None."""
     for line in reversed(text.splitlines()):
         if line.startswith(RESULT_PREFIX):
             return json.loads(line[len(RESULT_PREFIX):])

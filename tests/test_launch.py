@@ -102,7 +102,7 @@ def test_root_cause_prefers_the_rank_whose_own_code_raised():
 
 def test_result_line_and_progress_bars():
     launch = LaunchResult(returncode=0, stdout={0: 'hi\nRESULT {"a": 1}\n'})
-    assert lessons.launch._parse_result(launch.stdout[0]) == {"a": 1}
+    assert lessons.parse_result(launch.stdout[0]) == {"a": 1}
     assert as_terminal_shows("epoch 1:  50%|#  |\r epoch 1: 100%|##|\nnext") == " epoch 1: 100%|##|\nnext"
 
 

@@ -1,0 +1,157 @@
+"""A real training run that works as one process *and* under torchrun, unchanged.
+
+    python ddp_scripts/train_ddp.py --epochs 3                              # one process
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/train_ddp.py --epochs 3
+    ... --dataset cifar10 --model resnet18                                  # needs the internet once
+
+The default data set is offline: scikit-learn's bundled handwritten digits, resized to
+32x32x3 so that CIFAR-shaped models run on it unchanged.
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+import torchvision.transforms as T
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+from tqdm import tqdm
+
+import ddp_common  # import before init_process_group (see ddp_common.py)
+
+
+class SmallCNN(torch.nn.Module):
+    """The classic CIFAR-10 tutorial network: conv-pool-conv-pool and three linear layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(3, 6, 5), torch.nn.Conv2d(6, 16, 5)
+        self.fc1, self.fc2, self.fc3 = torch.nn.Linear(16 * 5 * 5, 120), torch.nn.Linear(120, 84), torch.nn.Linear(84, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x.flatten(1))))))
+
+
+def digits(seed):
+    """1797 8x8 digits shipped inside scikit-learn, as 32x32 RGB: 1500 to train, 297 to test."""
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    images = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    images = F.interpolate(images, size=32, mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
+    images = (images - 0.5) / 0.5
+    labels = torch.tensor(data.target)
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed))
+    train, test = order[:1500], order[1500:]
+    return TensorDataset(images[train].clone(), labels[train]), TensorDataset(images[test].clone(), labels[test])
+
+
+def cifar10(data_dir, distributed, rank):
+    transform = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
+    error = None
+    if rank == 0:  # one rank downloads; the others wait, then read the files it wrote
+        try:
+            torchvision.datasets.CIFAR10(data_dir, train=True, download=True)
+        except Exception as e:  # offline, proxy, disk full: one line, not a traceback wall
+            error = f"could not download CIFAR-10 to {data_dir}: {type(e).__name__}: {e}"
+    if distributed:
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)  # also the barrier: nobody reads before rank 0 is done
+        error = shared[0]
+    if error:
+        raise SystemExit(f"{error}\n(use --dataset digits, which needs no network)")
+    return (torchvision.datasets.CIFAR10(data_dir, train=True, transform=transform),
+            torchvision.datasets.CIFAR10(data_dir, train=False, transform=transform))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
+    parser.add_argument("--dataset", choices=["digits", "cifar10"], default="digits")
+    parser.add_argument("--data-dir", default="data")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank; the global batch is N times this")
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--num-workers", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    # Under torchrun RANK is set: go distributed. Run with plain python: one process, no process group.
+    distributed = "RANK" in os.environ
+    if distributed:
+        backend, device = ddp_common.backend_and_device()
+        dist.init_process_group(backend)
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    else:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        rank, world_size = 0, 1
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP would broadcast them anyway)
+
+    train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args.data_dir, distributed, rank)
+    # Each rank a different 1/N of the data; set_epoch reshuffles it differently every epoch.
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
+                        pin_memory=device.type == "cuda")
+    # Evaluation shards without padding (DistributedSampler would repeat samples): rank r takes r, r+N, ...
+    test_loader = DataLoader(Subset(test_set, range(rank, len(test_set), world_size)), batch_size=256)
+
+    model = (SmallCNN() if args.model == "cnn" else torchvision.models.resnet18(num_classes=10)).to(device)
+    if distributed:
+        model = DDP(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if rank == 0:
+        print(f"{world_size} rank(s) x batch {args.batch_size} = global batch {world_size * args.batch_size}; "
+              f"lr {args.lr} (with more ranks the global batch grows: scale lr with it, the 'linear scaling rule')")
+
+    epoch_losses, samples, start = [], 0, time.perf_counter()
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # forget this and every epoch sees the same order
+        model.train()
+        totals = torch.zeros(2, device=device)  # sum of losses, number of samples
+        for x, y in tqdm(loader, desc=f"epoch {epoch}", disable=rank != 0, ncols=80):
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
+            samples += len(y)
+        if distributed:
+            # all_reduce, so every rank knows the mean. (reduce(dst=...) would do for logging, but dst is a
+            # *global* rank: passing a device index such as local_rank sends it to the wrong rank on node 2+.)
+            dist.all_reduce(totals)
+        epoch_losses.append((totals[0] / totals[1]).item())
+        if rank == 0:
+            print(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f} (mean over all ranks' samples)")
+    elapsed = time.perf_counter() - start
+
+    model.eval()
+    correct = torch.zeros(2, device=device)  # correct, seen
+    with torch.no_grad():
+        for x, y in test_loader:
+            x, y = x.to(device), y.to(device)
+            correct += torch.stack([(model(x).argmax(1) == y).sum(), torch.tensor(len(y), device=device)])
+    if distributed:
+        dist.all_reduce(correct)
+        seen = torch.tensor([samples], device=device)
+        dist.all_reduce(seen)
+        samples = seen.item()
+    test_acc = (correct[0] / correct[1]).item()
+    # After the all_reduce every rank holds the same numbers: any rank could report them.
+    print(f"rank {rank}: test accuracy {test_acc:.3f} on {int(correct[1])} samples (each counted once)")
+    if rank == 0:
+        print("RESULT " + json.dumps({
+            "world_size": world_size, "global_batch": world_size * args.batch_size, "final_loss": epoch_losses[-1],
+            "test_acc": test_acc, "samples_per_s": samples / elapsed, "epoch_losses": epoch_losses,
+            "test_samples": int(correct[1])}))
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""train_ddp.py as one process and under torchrun; the sampler explorer; the PNG loader."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lessons
+from conftest import SCRIPTS
+from lessons.data import PngDigits, loader_throughput, write_png_digits
+from lessons.sampler import sampler_explorer, shards
+
+
+def test_train_ddp_runs_as_one_plain_python_process():
+    out = subprocess.run([sys.executable, str(SCRIPTS / "train_ddp.py"), "--epochs", "2"], capture_output=True,
+                         text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300, check=True)
+    result = lessons.parse_result(out.stdout)
+    assert result["world_size"] == 1 and result["global_batch"] == 32
+    assert result["epoch_losses"][1] < result["epoch_losses"][0]
+    assert result["test_samples"] == 297
+
+
+def test_train_ddp_two_ranks_learn_and_agree_on_the_metric(launch_env):
+    run = lessons.torchrun(SCRIPTS / "train_ddp.py", nproc=2, args=["--epochs", 3], env=launch_env, show=False)
+    result = run.result
+    assert result["world_size"] == 2 and result["global_batch"] == 64
+    losses = result["epoch_losses"]
+    assert all(a > b for a, b in zip(losses, losses[1:])), losses
+    assert result["test_samples"] == 297  # every test sample once: no padding
+    lines = [next(ln for ln in run.stdout[r].splitlines() if "test accuracy" in ln) for r in (0, 1)]
+    assert lines[0].split(": ", 1)[1] == lines[1].split(": ", 1)[1]
+    assert as_shown_once_per_epoch(run.stderr[0], epochs=3)
+
+
+def as_shown_once_per_epoch(stderr, epochs):
+    bars = [ln for ln in lessons.as_terminal_shows(stderr).splitlines() if "%|" in ln]
+    return len(bars) == epochs and all("100%" in b for b in bars)
+
+
+def test_cifar10_offline_stops_every_rank_with_one_line(launch_env, tmp_path):
+    dead_proxy = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", **launch_env}
+    with pytest.raises(lessons.LaunchError) as failure:
+        lessons.torchrun(SCRIPTS / "train_ddp.py", nproc=2, args=["--dataset", "cifar10", "--data-dir", tmp_path],
+                         env=dead_proxy, show=False, timeout=120)
+    for rank in (0, 1):
+        stderr = failure.value.result.stderr[rank]
+        assert stderr.startswith("could not download CIFAR-10"), stderr
+        assert "Traceback" not in stderr
+        assert "use --dataset digits" in stderr
+
+
+def test_sampler_padding_drop_last_and_set_epoch():
+    assert shards(10, 4, shuffle=False) == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
+    assert shards(10, 4, shuffle=False, drop_last=True) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert shards(12, 2, epoch=1, set_epoch=False) == shards(12, 2, epoch=0)
+    assert shards(12, 2, epoch=1) != shards(12, 2, epoch=0)
+    assert sorted(i for r in shards(12, 3, epoch=2) for i in r) == list(range(12))
+    with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+        shards(10, 0)
+
+
+def test_sampler_explorer_responds_to_its_controls():
+    explorer = sampler_explorer(size=10, world_size=4)
+    size, world, epoch = explorer.children[0].children
+    shuffle, drop_last = explorer.children[1].children
+    view = explorer.children[2]
+    assert "Repeated (padding, underlined): [" in view.value
+    world.value = 5  # 10 divides by 5: no padding
+    assert "Repeated (padding, underlined): none" in view.value and "rank 4" in view.value
+    drop_last.value, size.value = True, 7
+    assert "Never seen (drop_last): [" in view.value
+
+
+def test_png_loader_delivers_everything_with_and_without_workers(tmp_path):
+    dataset = PngDigits(write_png_digits(tmp_path, count=40, size=140))
+    image, label = dataset[3]
+    assert tuple(image.shape) == (3, 128, 128) and 0 <= label <= 9
+    serial, parallel = loader_throughput(dataset, 0, batch_size=8), loader_throughput(dataset, 2, batch_size=8)
+    assert serial["labels"] == parallel["labels"] and len(serial["labels"]) == 40
+    with pytest.raises(FileNotFoundError, match="no .png files"):
+        PngDigits(tmp_path / "empty")
