@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup lab test stress clean
+.PHONY: setup browser lab test stress clean
 
 setup: $(STAMP)
 
@@ -17,9 +17,16 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 lab: setup
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. notebooks/00_start_here.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. --ServerApp.allow_root=True notebooks/00_start_here.ipynb
 
-test: setup
+# The browser test drives Debian's chromium (never a downloaded browser). Install it where
+# we can (root with apt-get, as in CI); elsewhere the browser test skips with one line.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
+	  || echo "chromium could not be installed here: the browser test will be skipped"
+
+test: setup browser
 	$(PY) -m pytest
 
 # Not a test: launches a DDP script 200 times and reports the failures (takes ~20 min).

@@ -1,0 +1,141 @@
+"""Drive JupyterLab in a real browser: open a notebook, clear it, run it, and check what a learner sees.
+
+Used by tests/test_browser.py. Needs Debian's chromium (/usr/bin/chromium) and the playwright
+Python package (never `playwright install`: no browser downloads).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+WIDGET_TEXT_FALLBACK = re.compile(r"^(VBox|HBox|IntSlider|Checkbox|HTML|Output)\(")
+# IPython renders an uncaught exception (on the stderr mime type) with this header line.
+ERROR_HEADER = re.compile(r"^\w+\s+Traceback \(most recent call last\)", re.M)
+
+
+SETTINGS = {  # user settings for the test server: every cell in the DOM, never write files back
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
+}
+
+
+@contextmanager
+def jupyterlab(root: Path):
+    """A JupyterLab server on 127.0.0.1 with a token; always stopped, also on failure."""
+    settings = root / ".lab-settings"
+    for name, values in SETTINGS.items():
+        (settings / name).parent.mkdir(parents=True, exist_ok=True)
+        (settings / name).write_text(json.dumps(values))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(16)
+    log = open(root / ".jupyterlab-test.log", "w") if os.access(root, os.W_OK) else subprocess.DEVNULL
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+         "--ServerApp.allow_root=True"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings)})
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited with code {server.returncode} (see {root}/.jupyterlab-test.log)")
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("JupyterLab did not start within 120 s")
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}", token
+    finally:
+        server.terminate()  # also shuts its kernels down
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
+        if log is not subprocess.DEVNULL:
+            log.close()
+
+
+@contextmanager
+def chromium():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen, not a tab behind it
+
+
+def run_command(page, menu: str, command: str):
+    """Click a JupyterLab menu item by its command id (e.g. Run > runmenu:run-all)."""
+    page.click(f".lm-MenuBar-item:has-text('{menu}')")
+    page.click(f".lm-Menu-item[data-command='{command}']")
+
+
+def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 900) -> None:
+    # A workspace of its own, reset: only this notebook open, nothing restored from an earlier page.
+    workspace = re.sub(r"\W", "-", Path(notebook).stem)
+    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={token}")
+    page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
+    page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    run_command(page, "Edit", "editmenu:clear-all")
+    page.wait_for_function(f"document.querySelectorAll('{PANEL} .jp-OutputArea-output').length === 0")
+    run_command(page, "Run", "runmenu:run-all")
+    # Done when every code cell shows an execution count, [n], and the kernel is idle again.
+    done = """() => {
+        const prompts = [...document.querySelectorAll('PANEL .jp-CodeCell .jp-InputPrompt')];
+        const indicator = document.querySelector('PANEL .jp-Notebook-ExecutionIndicator');
+        return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent))
+            && indicator !== null && indicator.dataset.status === 'idle';
+    }""".replace("PANEL", PANEL)
+    page.wait_for_function(done, timeout=timeout_s * 1000, polling=1000)
+
+
+def problems_on_page(page) -> list[str]:
+    """What a learner would see as broken: errors, widgets shown as text, images that did not load."""
+    found = []
+    for text in page.locator(f"{PANEL} .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']").all_inner_texts():
+        if ERROR_HEADER.search(text):
+            found.append("error output: " + text[-300:])
+    for text in page.locator(f"{PANEL} .jp-OutputArea-output[data-mime-type='text/plain']").all_inner_texts():
+        if WIDGET_TEXT_FALLBACK.match(text.strip()):
+            found.append(f"widget shown as text, not rendered: {text.strip()[:80]}")
+    for width in page.eval_on_selector_all(f"{PANEL} .jp-RenderedImage img", "imgs => imgs.map(i => i.naturalWidth)"):
+        if not width:
+            found.append("a figure did not render")
+    return found
+
+
+def responds(page, control: int, watched: str) -> bool:
+    """Press → on slider number `control` of the first widget; does the `watched` element's text change?"""
+    before = page.inner_text(watched)
+    handle = page.locator(f"{PANEL} .jp-OutputArea-output .widget-slider .noUi-handle").nth(control)
+    handle.focus()
+    handle.press("ArrowRight")
+    try:
+        page.wait_for_function(f"document.querySelector({watched!r}).innerText !== {before!r}", timeout=10_000)
+        return True
+    except Exception:
+        return False
