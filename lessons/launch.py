@@ -122,7 +122,7 @@ def torchrun(
                 raise
             if returncode is None:
                 stopped = _stop_launch(proc)
-                partial = _collect(log_dir, launcher_log_path, -9, command, nproc)
+                partial = _collect(log_dir, launcher_log_path, -9, command)
                 if show:
                     _print_ranks(partial)
                 raise LaunchError(
@@ -130,7 +130,7 @@ def torchrun(
                     f"{stopped} worker process(es). Output so far is in .result.outputs.",
                     partial,
                 )
-        launch = _collect(log_dir, launcher_log_path, returncode, command, nproc)
+        launch = _collect(log_dir, launcher_log_path, returncode, command)
 
     if show:
         _print_ranks(launch)
@@ -223,7 +223,7 @@ def _stop_launch(proc: subprocess.Popen) -> int:
 
 # -- reading what the ranks printed ----------------------------------------------------
 
-def _collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str], nproc: int) -> LaunchResult:
+def _collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str]) -> LaunchResult:
     stdout, stderr = {}, {}
     # torchrun's layout: LOG_DIR/<run id>/attempt_0/<local rank>/{stdout,stderr}.log
     for rank_dir in Path(log_dir).glob("*/attempt_*/*"):
