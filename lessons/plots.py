@@ -13,6 +13,16 @@ _FLOWS = {
 }
 
 
+def finished(fig):
+    """Lay a figure out and close it: a cell shows it once, as its value, and the inline
+    backend does not show it a second time (nbval would see two figures)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
+
+
 def _fmt(values: list[float]) -> str:
     return "[" + ", ".join(f"{v:g}" for v in values) + "]"
 
@@ -37,9 +47,7 @@ def plot_collective(result: dict):
     ax.set_ylim(-0.4, 1.4)
     ax.axis("off")
     ax.set_title(f"{op}: before (top), after (bottom)")
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
-    return fig
+    return finished(fig)
 
 
 def plot_traffic(results: list[dict]):
@@ -59,9 +67,7 @@ def plot_traffic(results: list[dict]):
     ax.set_ylabel("bytes sent per rank / tensor size S")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
-    return fig
+    return finished(fig)
 
 
 def fit_alpha_beta(rows: list[dict], impl: str) -> tuple[float, float]:
@@ -94,9 +100,7 @@ def plot_bandwidth(result: dict):
     ax.set_title(f"all-reduce on {n} ranks ({result['backend']})")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
-    return fig
+    return finished(fig)
 
 
 def plot_bucket_sweep(result: dict):
@@ -118,6 +122,4 @@ def plot_bucket_sweep(result: dict):
     ax.set_title(f"DDP step time on {result['world_size']} ranks")
     ax.legend()
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
-    return fig
+    return finished(fig)

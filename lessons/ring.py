@@ -108,6 +108,8 @@ def plot_ring_steps(n: int = 4):
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
 
+    from .plots import finished
+
     steps = simulate_ring(n)
     fig, axes = plt.subplots(1, len(steps), figsize=(2.1 * len(steps), 2.6), squeeze=False)
     cmap = ListedColormap([_COLOURS["own"], _COLOURS["partial"], _COLOURS["final"]])
@@ -124,6 +126,4 @@ def plot_ring_steps(n: int = 4):
         ax.set_yticks(range(n), [f"rank {r}" for r in range(n)] if i == 0 else [""] * n, fontsize=7)
         ax.set_title(f"{i}: {current.phase}", fontsize=8)
     fig.suptitle(f"Ring all-reduce on {n} ranks: grey = own data, yellow = partial sum, green = sum of all ranks")
-    fig.tight_layout()
-    plt.close(fig)  # shown once, as the cell's value, not again by the inline backend
-    return fig
+    return finished(fig)
