@@ -46,7 +46,7 @@ def jupyterlab(root: Path):
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ServerApp.ip=127.0.0.1",
          f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--ServerApp.allow_root=True"],
+         "--ServerApp.allow_root=True", "--LabApp.expose_app_in_browser=True"],  # window.jupyterapp
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "JUPYTERLAB_SETTINGS_DIR": str(settings)})
     try:
@@ -86,6 +86,11 @@ def chromium():
 
 
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"  # the notebook on screen, not a tab behind it
+KERNEL_READY = """() => {
+    const context = window.jupyterapp?.shell.currentWidget?.sessionContext;
+    const kernel = context?.session?.kernel;
+    return Boolean(context?.isReady && kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle');
+}"""
 
 
 def run_command(page, menu: str, command: str):
@@ -99,18 +104,24 @@ def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 9
     workspace = re.sub(r"\W", "-", Path(notebook).stem)
     page.goto(f"{url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={token}")
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
-    page.wait_for_selector(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    # The toolbar's kernel indicator says "idle" for a moment before any kernel exists (measured: 0.25 s
+    # on a quiet machine), and Run All in that moment runs nothing. Wait for the kernel itself.
+    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)
     run_command(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(f"document.querySelectorAll('{PANEL} .jp-OutputArea-output').length === 0")
     run_command(page, "Run", "runmenu:run-all")
     # Done when every code cell shows an execution count, [n], and the kernel is idle again.
     done = """() => {
         const prompts = [...document.querySelectorAll('PANEL .jp-CodeCell .jp-InputPrompt')];
-        const indicator = document.querySelector('PANEL .jp-Notebook-ExecutionIndicator');
-        return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent))
-            && indicator !== null && indicator.dataset.status === 'idle';
-    }""".replace("PANEL", PANEL)
-    page.wait_for_function(done, timeout=timeout_s * 1000, polling=1000)
+        return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent)) && (KERNEL_READY)();
+    }""".replace("PANEL", PANEL).replace("KERNEL_READY", KERNEL_READY)
+    try:
+        page.wait_for_function(done, timeout=timeout_s * 1000, polling=1000)
+    except Exception as timeout:  # say what the page shows, not only that it timed out
+        prompts = page.locator(f"{PANEL} .jp-CodeCell .jp-InputPrompt").all_inner_texts()
+        kernel = page.evaluate("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.status")
+        raise AssertionError(f"{notebook} did not finish in {timeout_s:.0f} s: prompts {prompts}, "
+                             f"kernel {kernel}") from timeout
 
 
 def problems_on_page(page) -> list[str]:

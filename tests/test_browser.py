@@ -88,4 +88,6 @@ def test_a_broken_widget_fails_these_checks(browser, tmp_path):
             assert any(p.startswith("widget shown as text, not rendered: IntSlider(") for p in problems), problems
             assert any(p.startswith("error output:") and "ZeroDivisionError" in p for p in problems), problems
         finally:
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOTS / "broken_control.png"))
             page.close()
