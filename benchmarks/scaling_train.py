@@ -1,9 +1,10 @@
 """Is DDP faster here? train_ddp.py as 1 process x 1 thread, 1 process x 2 threads, 2 ranks x 1 thread.
 
-    .venv/bin/python benchmarks/scaling_train.py [--model cnn] [--epochs 5] [--repeats 3] [--batch-size 128]
+    .venv/bin/python benchmarks/scaling_train.py [--model cnn] [--epochs 10] [--repeats 3] [--batch-sizes 32 128 256 512]
 
-Prints samples/s for each (median of --repeats runs) and the ratio of 2 ranks to 1 rank at
-one thread each. A benchmark, not a test: the numbers depend on the machine.
+For each per-rank batch size, prints samples/s for each way of using the two cores (the median of
+--repeats runs; train_ddp.py times every epoch after the first, a warm-up) and the ratio of 2 ranks
+to 1 rank at one thread each. A benchmark, not a test: the numbers depend on the machine.
 """
 import argparse
 import json
@@ -26,15 +27,8 @@ def one_process(args, threads):
     return parse_result(out.stdout)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="cnn")
-    parser.add_argument("--epochs", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=128, help="per rank: larger steps amortize the all-reduce")
-    options = parser.parse_args()
-    args = ["--model", options.model, "--epochs", str(options.epochs), "--batch-size", str(options.batch_size)]
-
+def measure(options, batch_size):
+    args = ["--model", options.model, "--epochs", str(options.epochs), "--batch-size", str(batch_size)]
     configs = {
         "1 process x 1 thread": lambda: one_process(args, 1),
         "1 process x 2 threads": lambda: one_process(args, 2),
@@ -45,13 +39,29 @@ def main():
         results = [run() for _ in range(options.repeats)]
         rows[name] = {"samples_per_s": statistics.median(r["samples_per_s"] for r in results),
                       "final_loss": results[0]["final_loss"], "test_acc": results[0]["test_acc"]}
-        print(f"{name:<22} {rows[name]['samples_per_s']:8.0f} samples/s   final loss {rows[name]['final_loss']:.3f}"
+        print(f"  {name:<22} {rows[name]['samples_per_s']:8.0f} samples/s   final loss {rows[name]['final_loss']:.3f}"
               f"   test acc {rows[name]['test_acc']:.3f}", flush=True)
     ratio = rows["2 ranks x 1 thread"]["samples_per_s"] / rows["1 process x 1 thread"]["samples_per_s"]
-    print(f"2 ranks / 1 rank (one thread each): {ratio:.2f}x")
-    print("RESULT " + json.dumps({"model": options.model, "epochs": options.epochs, "batch_size": options.batch_size,
-                                  "rows": rows,
-                                  "ratio_2_ranks_vs_1": ratio}))
+    print(f"  2 ranks / 1 rank (one thread each): {ratio:.2f}x", flush=True)
+    return {"batch_size": batch_size, "rows": rows, "ratio_2_ranks_vs_1": ratio}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="cnn")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128, 256, 512],
+                        help="per rank: larger steps amortize the all-reduce")
+    options = parser.parse_args()
+    if options.epochs < 2:
+        parser.error("--epochs must be at least 2: the first epoch is a warm-up and is not timed")
+
+    sweep = []
+    for batch_size in options.batch_sizes:
+        print(f"per-rank batch {batch_size}:", flush=True)
+        sweep.append(measure(options, batch_size))
+    print("RESULT " + json.dumps({"model": options.model, "epochs": options.epochs, "sweep": sweep}))
 
 
 if __name__ == "__main__":

@@ -108,8 +108,9 @@ def main():
         print(f"{world_size} rank(s) x batch {args.batch_size} = global batch {world_size * args.batch_size}; "
               f"lr {args.lr} (with more ranks the global batch grows: scale lr with it, the 'linear scaling rule')")
 
-    epoch_losses, samples, start = [], 0, time.perf_counter()
+    epoch_losses, timed_samples, timed_seconds = [], 0, 0.0
     for epoch in range(args.epochs):
+        epoch_start = time.perf_counter()
         sampler.set_epoch(epoch)  # forget this and every epoch sees the same order
         model.train()
         totals = torch.zeros(2, device=device)  # sum of losses, number of samples
@@ -120,15 +121,16 @@ def main():
             loss.backward()
             optimizer.step()
             totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
-            samples += len(y)
         if distributed:
             # all_reduce, so every rank knows the mean. (reduce(dst=...) would do for logging, but dst is a
             # *global* rank: passing a device index such as local_rank sends it to the wrong rank on node 2+.)
             dist.all_reduce(totals)
         epoch_losses.append((totals[0] / totals[1]).item())
+        if epoch > 0 or args.epochs == 1:  # epoch 0 warms up (allocator, threads, DDP's bucket rebuild): not timed
+            timed_samples += int(totals[1])  # all ranks' samples, after the all_reduce
+            timed_seconds += time.perf_counter() - epoch_start
         if rank == 0:
             print(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f} (mean over all ranks' samples)")
-    elapsed = time.perf_counter() - start
 
     model.eval()
     correct = torch.zeros(2, device=device)  # correct, seen
@@ -138,16 +140,13 @@ def main():
             correct += torch.stack([(model(x).argmax(1) == y).sum(), torch.tensor(len(y), device=device)])
     if distributed:
         dist.all_reduce(correct)
-        seen = torch.tensor([samples], device=device)
-        dist.all_reduce(seen)
-        samples = seen.item()
     test_acc = (correct[0] / correct[1]).item()
     # After the all_reduce every rank holds the same numbers: any rank could report them.
     print(f"rank {rank}: test accuracy {test_acc:.3f} on {int(correct[1])} samples (each counted once)")
     if rank == 0:
         print("RESULT " + json.dumps({
             "world_size": world_size, "global_batch": world_size * args.batch_size, "final_loss": epoch_losses[-1],
-            "test_acc": test_acc, "samples_per_s": samples / elapsed, "epoch_losses": epoch_losses,
+            "test_acc": test_acc, "samples_per_s": timed_samples / timed_seconds, "epoch_losses": epoch_losses,
             "test_samples": int(correct[1])}))
     if distributed:
         dist.destroy_process_group()
