@@ -8,19 +8,9 @@ import time
 import pytest
 
 import lessons
-from lessons.launch import LaunchResult, _root_cause_rank, as_terminal_shows
+from lessons.failure import root_cause_rank
+from lessons.rank_output import LaunchResult, as_terminal_shows
 from conftest import FIXTURES, MARKER, SCRIPTS, processes_with
-
-
-def test_result_and_rank_outputs(launch_env, capsys):
-    run = lessons.torchrun(SCRIPTS / "hello_dist.py", nproc=2, env=launch_env)
-    assert run.returncode == 0
-    assert run.result == {"world_size": 2, "backend": "gloo", "all_reduce_sum": 3.0, "correct": True}
-    assert sorted(run.outputs) == [0, 1]
-    assert "rank 1 of 2" in run.outputs[1]
-    shown = capsys.readouterr().out
-    # Rank by rank, each line labelled: the same order every run.
-    assert shown.index("[rank0] rank 0 of 2") < shown.index("[rank1] rank 1 of 2")
 
 
 def test_failing_rank_raises_with_its_own_traceback(launch_env):
@@ -94,10 +84,10 @@ def test_root_cause_prefers_the_rank_whose_own_code_raised():
     peer_lost = "Traceback (most recent call last):\n  ...\ntorch.distributed.DistBackendError: Connection closed by peer\n"
     own_bug = "Traceback (most recent call last):\n  ...\nValueError: bad shape\n"
     launch = LaunchResult(returncode=1, stderr={0: peer_lost, 1: own_bug, 2: peer_lost})
-    assert _root_cause_rank(launch, codes={0: 1, 1: 1, 2: 1}) == 1
+    assert root_cause_rank(launch, codes={0: 1, 1: 1, 2: 1}) == 1
     # Only peers' errors: the lowest such rank.
     launch = LaunchResult(returncode=1, stderr={0: "", 1: peer_lost})
-    assert _root_cause_rank(launch, codes={0: -15, 1: 1}) == 1
+    assert root_cause_rank(launch, codes={0: -15, 1: 1}) == 1
 
 
 def test_result_line_and_progress_bars():
@@ -108,7 +98,9 @@ def test_result_line_and_progress_bars():
 
 def test_command_line_for_a_terminal():
     assert lessons.command_line("ddp_scripts/ddp_minimal.py", 4, ["--steps", 3]) == (
-        "torchrun --standalone --nproc-per-node=4 ddp_scripts/ddp_minimal.py --steps 3")
+        "OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo torchrun --standalone --local-addr=127.0.0.1 --nproc-per-node=4 "
+        "ddp_scripts/ddp_minimal.py --steps 3")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun " in lessons.command_line("x.py", max_restarts=2)
 
 
 def test_a_killed_kernel_takes_the_launch_with_it(launch_env):

@@ -1,0 +1,89 @@
+"""Explaining a failed launch: which rank failed first, and its own traceback."""
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+from .rank_output import LaunchResult, describe_exit
+
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.M)  # torch's excepthook labels lines
+# The way a rank fails *because another rank died*: its peer closed the connection.
+_PEER_FAILURE = re.compile(
+    r"DistBackendError|Connection closed by peer|Connection reset by peer|Broken pipe"
+    r"|ECONNRESET|EPIPE|timed out|Timeout|NCCL error|Socket Timeout",
+)
+
+
+class LaunchError(RuntimeError):
+    """A launch failed; the message leads with the failing rank's own traceback.
+
+    ``rank`` is that rank (None on a timeout, or when torchrun failed before any rank ran),
+    ``root_cause`` the last line of its traceback, ``result`` what every rank printed.
+    """
+
+    def __init__(self, message: str, result: LaunchResult | None = None,
+                 rank: int | None = None, root_cause: str | None = None):
+        super().__init__(message)
+        self.result = result
+        self.rank = rank
+        self.root_cause = root_cause
+
+
+def rank_exit_codes(launcher_log: str) -> dict[int, int]:
+    """Exit codes from torchrun's failure summary ("rank : 1 (local_rank: 1)" / "exitcode : -6")."""
+    codes = {}
+    for block in re.split(r"\n\[\d+\]:\n", launcher_log):
+        rank = re.search(r"rank\s*:\s*(\d+)", block)
+        code = re.search(r"exitcode\s*:\s*(-?\d+)", block)
+        if rank and code:
+            codes[int(rank.group(1))] = int(code.group(1))
+    return codes
+
+
+def root_cause_rank(launch: LaunchResult, codes: dict[int, int]) -> int | None:
+    """The rank that failed first: one whose own code raised, or one killed by a signal
+    (SIGKILL, SIGABRT), rather than one that lost its peer or was stopped by torchrun."""
+    with_traceback = [r for r, err in launch.stderr.items() if "Traceback (most recent call last)" in err]
+    own_errors = [r for r in with_traceback if not _PEER_FAILURE.search(last_exception(launch.stderr[r]))]
+    killed = [r for r, c in codes.items() if c < 0 and c != -signal.SIGTERM]
+    others = [r for r, c in codes.items() if c != 0 and c != -signal.SIGTERM]
+    for candidates in (own_errors, killed, with_traceback, others):
+        if candidates:
+            return min(candidates)
+    return min(codes) if codes else None
+
+
+def last_exception(stderr: str) -> str:
+    lines = [ln for ln in _RANK_PREFIX.sub("", stderr).splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def traceback_of(stderr: str) -> str:
+    text = _RANK_PREFIX.sub("", stderr)
+    start = text.rfind("Traceback (most recent call last)")
+    if start < 0:
+        return "\n".join(text.rstrip().splitlines()[-15:])
+    return text[start:].rstrip()
+
+
+def failure(script: Path, launch: LaunchResult) -> LaunchError:
+    codes = rank_exit_codes(launch.launcher_log)
+    rank = root_cause_rank(launch, codes)
+    if rank is None:  # torchrun failed before any rank ran
+        tail = "\n".join(launch.launcher_log.rstrip().splitlines()[-20:])
+        return LaunchError(f"torchrun failed (exit code {launch.returncode}) before any rank reported:\n{tail}", launch)
+    code = codes.get(rank)
+    how = f"exit code {code}" if code is not None and code >= 0 else (
+        f"signal {signal.Signals(-code).name}" if code is not None else "an error")
+    traceback = traceback_of(launch.stderr.get(rank, ""))
+    where = f" in attempt {launch.attempts[-1].number}" if len(launch.attempts) > 1 else ""
+    message = f"rank {rank} of {script.name} failed{where} ({how}):\n{traceback}"
+    others = sorted(r for r in codes if r != rank)
+    if others:
+        message += "\n(other ranks: " + ", ".join(describe_exit(r, codes[r]) for r in others) + ")"
+    earlier = [f"attempt {a.number}: {a.failure}" for a in launch.attempts[:-1] if a.failure]
+    if earlier:
+        message += "\n(earlier attempts ended too: " + "; ".join(earlier) + ")"
+    root_cause = traceback.splitlines()[-1] if traceback else how
+    return LaunchError(message, launch, rank=rank, root_cause=root_cause)

@@ -1,0 +1,101 @@
+"""Starting a launch, waiting for it, and stopping its whole process tree.
+
+torchrun starts each worker in a session of its own, so killing torchrun's process group is
+not enough: we collect the tree first and make sure every process in it is gone.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from unittest import mock
+
+import psutil
+
+STOP_GRACE_S = 5.0  # how long torchrun gets to stop its workers before we SIGKILL them
+
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent():
+    """In the child between fork and exec: if the kernel (our parent) dies, torchrun gets
+    SIGTERM and stops its workers, instead of running on as an orphan."""
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start(command: list[str], env: dict, log_file) -> subprocess.Popen:
+    return subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+        start_new_session=True,  # our signals, not the terminal's, stop it
+        preexec_fn=die_with_parent,  # a killed kernel takes torchrun with it
+    )
+
+
+def wait(proc: subprocess.Popen, timeout: float | None) -> int | None:
+    """Return torchrun's exit code, or None on timeout. Short waits keep Ctrl-C responsive."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        try:
+            return proc.wait(timeout=0.1)
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+
+
+def stop_tree(proc: subprocess.Popen) -> int:
+    """Stop torchrun and every process it started; return how many workers were stopped."""
+    try:
+        launcher = psutil.Process(proc.pid)
+        workers = launcher.children(recursive=True)  # ranks, and their DataLoader workers
+    except psutil.NoSuchProcess:
+        launcher, workers = None, []
+    # First ask torchrun: on SIGTERM it sends SIGTERM to each worker and waits.
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    tree = workers + ([launcher] if launcher else [])
+    _, alive = psutil.wait_procs(tree, timeout=STOP_GRACE_S)
+    # Whatever is left (a rank stuck in C++, torchrun itself) is killed outright. The
+    # workers are in sessions of their own, so each is killed by pid, not by group.
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=STOP_GRACE_S)
+    try:
+        proc.wait(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    return len(workers)
+
+
+class Captured:
+    text = ""  # filled in when the `with` block ends
+
+
+@contextlib.contextmanager
+def child_stderr():
+    """Capture what child processes (e.g. mp.spawn's) write to file descriptor 2, their stderr.
+
+    A notebook's sys.stderr is not fd 2, so children write past it; we point fd 2 at a file for the
+    block. The children run line-buffered (PYTHONUNBUFFERED dropped for them): under PYTHONUNBUFFERED=1,
+    Python 3.11 writes each ^ of a traceback with its own write(), and two children's lines interleave."""
+    captured = Captured()
+    with tempfile.TemporaryFile(mode="w+") as file, contextlib.redirect_stderr(io.StringIO()), \
+            mock.patch.dict(os.environ):
+        os.environ.pop("PYTHONUNBUFFERED", None)
+        saved_fd = os.dup(2)
+        os.dup2(file.fileno(), 2)
+        try:
+            yield captured
+        finally:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+            file.seek(0)
+            captured.text = file.read()

@@ -1,0 +1,112 @@
+"""Reading what the ranks printed: torchrun's log directory, attempt by attempt, rank by rank."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULT_PREFIX = "RESULT "
+
+
+@dataclass
+class Attempt:
+    """One start of the worker group. torchrun restarts every rank together (--max-restarts)."""
+    number: int
+    stdout: dict[int, str] = field(default_factory=dict)
+    stderr: dict[int, str] = field(default_factory=dict)
+    failure: str | None = None  # why this attempt ended, e.g. "rank 1 killed by SIGKILL"; None if it succeeded
+
+
+@dataclass
+class LaunchResult:
+    returncode: int
+    stdout: dict[int, str] = field(default_factory=dict)  # the last attempt's
+    stderr: dict[int, str] = field(default_factory=dict)
+    result: dict | None = None  # rank 0's RESULT {json}, from the last attempt
+    command: list[str] = field(default_factory=list)
+    launcher_log: str = ""  # torchrun's own output
+    attempts: list[Attempt] = field(default_factory=list)  # every attempt, the last one included
+
+    @property
+    def outputs(self) -> dict[int, str]:
+        """Everything each rank printed in the last attempt: stdout, then stderr."""
+        ranks = sorted(set(self.stdout) | set(self.stderr))
+        return {r: self.stdout.get(r, "") + self.stderr.get(r, "") for r in ranks}
+
+
+# torchrun logs one line per failed attempt: "failed (exitcode: -9) local_rank: 1 (pid: 123) of binary: ..."
+_ATTEMPT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+
+
+def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str]) -> LaunchResult:
+    """torchrun's layout: LOG_DIR/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log."""
+    attempts: dict[int, Attempt] = {}
+    for rank_dir in Path(log_dir).glob("*/attempt_*/*"):
+        if rank_dir.name.isdigit():
+            number = int(rank_dir.parent.name.removeprefix("attempt_"))
+            attempt = attempts.setdefault(number, Attempt(number))
+            attempt.stdout[int(rank_dir.name)] = read(rank_dir / "stdout.log")
+            attempt.stderr[int(rank_dir.name)] = read(rank_dir / "stderr.log")
+    ordered = []
+    for number in sorted(attempts):
+        a = attempts[number]
+        ordered.append(Attempt(number, dict(sorted(a.stdout.items())), dict(sorted(a.stderr.items()))))
+    log = read(launcher_log)
+    # Every attempt but the last ended in a failure that torchrun logged, in order.
+    for attempt, (code, rank) in zip(ordered[:-1], _ATTEMPT_FAILED.findall(log)):
+        attempt.failure = describe_exit(int(rank), int(code))
+    last = ordered[-1] if ordered else Attempt(0)
+    launch = LaunchResult(returncode=returncode, stdout=last.stdout, stderr=last.stderr, command=command,
+                          launcher_log=log, attempts=ordered)
+    launch.result = parse_result(launch.stdout.get(0, ""))
+    return launch
+
+
+def describe_exit(rank: int, code: int) -> str:
+    import signal
+
+    if code == -signal.SIGTERM:
+        return f"rank {rank} stopped by torchrun"
+    if code < 0:
+        return f"rank {rank} killed by {signal.Signals(-code).name}"
+    return f"rank {rank} exit code {code}"
+
+
+def read(path: Path) -> str:
+    try:  # bytes, not read_text(): universal newlines would turn tqdm's "\r" redraws into lines
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def parse_result(text: str) -> dict | None:
+    """The JSON of the last `RESULT {...}` line in a script's output, or None."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    return None
+
+
+def as_terminal_shows(text: str) -> str:
+    """Collapse carriage-return redraws (tqdm bars) to what a terminal finally shows."""
+    return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
+
+
+def print_ranks(launch: LaunchResult) -> None:
+    """Each rank's output, rank by rank, each line labelled: the same every run.
+    After a restart, each attempt under a heading of its own."""
+    attempts = launch.attempts or [Attempt(0, launch.stdout, launch.stderr)]
+    for attempt in attempts:
+        if len(attempts) > 1:
+            how = f"ended: {attempt.failure}" if attempt.failure else (
+                "succeeded" if launch.returncode == 0 else "failed")
+            sys.stdout.write(f"--- attempt {attempt.number} ({how}) ---\n")
+            sys.stdout.flush()
+        for rank in sorted(set(attempt.stdout) | set(attempt.stderr)):
+            for text, stream in ((attempt.stdout.get(rank, ""), sys.stdout), (attempt.stderr.get(rank, ""), sys.stderr)):
+                text = as_terminal_shows(text).rstrip("\n")
+                if text:
+                    stream.write("".join(f"[rank{rank}] {line}\n" for line in text.split("\n")))
+                    stream.flush()  # keep stdout and stderr blocks in rank order
