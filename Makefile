@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser lab test stress clean
+.PHONY: setup browser lab test cost stress clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,13 @@ browser:
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed here: the browser test will be skipped"
 
+# Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
 test: setup browser
 	$(PY) -m pytest
+
+# What one lesson costs, e.g. make cost LESSON="notebooks/07_checkpoints.ipynb tests/test_checkpoints.py"
+cost: setup
+	$(PY) -m pytest $(LESSON)
 
 # Not a test: launches a DDP script 200 times and reports the failures (takes ~20 min).
 stress: setup

@@ -99,11 +99,16 @@ def run_command(page, menu: str, command: str):
     page.click(f".lm-Menu-item[data-command='{command}']")
 
 
-def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 900) -> None:
+def open_notebook(page, url: str, token: str, notebook: str) -> None:
+    """Open a notebook as a learner does, with its committed outputs."""
     # A workspace of its own, reset: only this notebook open, nothing restored from an earlier page.
     workspace = re.sub(r"\W", "-", Path(notebook).stem)
     page.goto(f"{url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={token}")
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
+
+
+def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 900) -> None:
+    open_notebook(page, url, token, notebook)
     # The toolbar's kernel indicator says "idle" for a moment before any kernel exists (measured: 0.25 s
     # on a quiet machine), and Run All in that moment runs nothing. Wait for the kernel itself.
     page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)

@@ -11,6 +11,12 @@ FIXTURES = Path(__file__).resolve().parent / "scripts"
 MARKER = "DDP_LESSONS_TEST_LAUNCH"
 
 
+def pytest_configure(config):
+    # Registered as a plugin, not as conftest hooks: it must see the notebooks' items too.
+    from durations import DurationReport
+    config.pluginmanager.register(DurationReport(ROOT), "duration-report")
+
+
 def processes_with(marker: str) -> list[str]:
     """Every process whose environment carries this test's marker (orphans inherit it too)."""
     found = []

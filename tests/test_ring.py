@@ -46,7 +46,7 @@ def test_alpha_beta_fit_recovers_a_known_model():
     assert 1 / beta == pytest.approx(2e9, rel=1e-6)
 
 
-@pytest.mark.parametrize("nproc", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("nproc", [1, 5])  # notebook 02 launches 2, 3, 4 and 8
 def test_ring_matches_dist_all_reduce(nproc, launch_env):
     numels = [0, 1, 3, 7, 1000, 1001]  # empty, fewer elements than ranks, not divisible by N
     run = lessons.torchrun(SCRIPTS / "ring_allreduce.py", nproc=nproc, env=launch_env, show=False,
@@ -71,35 +71,3 @@ def test_ring_script_single_check_has_the_flat_result(launch_env):
                            args=["--numel", 10, "--dtype", "int64"])
     assert {k: run.result[k] for k in ("world_size", "numel", "dtype", "max_abs_err", "matches_builtin")} == {
         "world_size": 2, "numel": 10, "dtype": "int64", "max_abs_err": 0, "matches_builtin": True}
-
-
-EXPECTED_AFTER = {  # 3 ranks; rank r starts with [r+1, r+1]
-    "send_recv": [[1, 1], [1, 1], [3, 3]],
-    "broadcast": [[1, 1]] * 3,
-    "all_reduce": [[6, 6]] * 3,
-    "all_gather": [[1, 1, 2, 2, 3, 3]] * 3,
-    "reduce_scatter": [[6, 6], [12, 12], [18, 18]],
-    "barrier": [[1, 1], [2, 2], [3, 3]],
-}
-
-
-@pytest.mark.parametrize("op", [*EXPECTED_AFTER, "reduce"])
-def test_collectives(op, launch_env):
-    run = lessons.torchrun(SCRIPTS / "collectives.py", nproc=3, args=["--op", op], env=launch_env, show=False)
-    assert run.result["before"] == [[1, 1], [2, 2], [3, 3]]
-    if op == "reduce":  # only the destination's result is defined
-        assert run.result["after"][0] == [6, 6]
-    else:
-        assert run.result["after"] == EXPECTED_AFTER[op]
-
-
-def test_bench_allreduce_reports_both_implementations(launch_env):
-    run = lessons.torchrun(SCRIPTS / "bench_allreduce.py", nproc=2, env=launch_env, show=False,
-                           args=["--max-bytes", 16384, "--iters", 2, "--warmup", 1])
-    rows = run.result["rows"]
-    assert [(r["bytes"], r["impl"]) for r in rows] == [
-        (4096, "builtin"), (4096, "ring"), (16384, "builtin"), (16384, "ring")]
-    for r in rows:
-        assert r["seconds"] > 0
-        assert r["algbw_gbps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
-        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * 2 * (2 - 1) / 2)
