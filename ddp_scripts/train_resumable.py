@@ -1,0 +1,212 @@
+"""Training that checkpoints, resumes exactly, and survives a killed rank.
+
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/train_resumable.py --checkpoint-dir ckpt
+    ... --max-steps 37                       # stop after 37 steps, as a job's time limit would; run again to resume
+    torchrun ... --max-restarts=1 ... --crash-rank 1 --crash-at-step 35   # SIGKILL rank 1 once; torchrun restarts
+
+Lesson 04's model and offline data, plus a little Gaussian noise as augmentation, so that
+the random state is part of the run. It resumes from the newest complete checkpoint in
+--checkpoint-dir, and prints the SHA-256 of its final parameters: the same run, resumed or
+not, gives the same hash.
+"""
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Subset
+
+import ddp_common  # import before init_process_group (see ddp_common.py)
+from checkpointing import (CheckpointError, ResumableSampler, load_checkpoint, load_model_state, newest_checkpoint,
+                           params_sha256, rng_states, save_atomically, set_rng_states)
+from train_ddp import SmallCNN, digits  # lesson 04's model and data
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
+    parser.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: at the end of each epoch only")
+    parser.add_argument("--max-steps", type=int, help="stop after this many steps in all, with a checkpoint")
+    parser.add_argument("--crash-rank", type=int, help="this rank SIGKILLs itself ...")
+    parser.add_argument("--crash-at-step", type=int, help="... after this step, on the first attempt only")
+    parser.add_argument("--resume-without", choices=["sampler_position", "rng_state"], help="for the lesson")
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--noise", type=float, default=0.1, help="augmentation: Gaussian noise on the inputs")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    # Check what can be checked before any rank waits for another: bad input is one line, on every rank.
+    world_size, restart = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    train_set, _ = digits(args.seed)
+    steps_per_epoch = math.ceil(math.ceil(len(train_set) / world_size) / args.batch_size)
+    total_steps = args.epochs * steps_per_epoch
+    for flag, value, least in (("--epochs", args.epochs, 1), ("--checkpoint-every", args.checkpoint_every, 0),
+                               ("--max-steps", args.max_steps or 1, 1), ("--batch-size", args.batch_size, 1)):
+        if value < least:
+            sys.exit(f"{flag} must be >= {least}, got {value}")
+    if (args.crash_rank is None) != (args.crash_at_step is None):
+        sys.exit("--crash-rank and --crash-at-step go together")
+    if args.crash_rank is not None and not 0 <= args.crash_rank < world_size:
+        sys.exit(f"--crash-rank {args.crash_rank} is not a rank of this run (0..{world_size - 1})")
+    if args.crash_at_step is not None and not 1 <= args.crash_at_step <= total_steps:
+        sys.exit(f"--crash-at-step {args.crash_at_step} is outside this run: {args.epochs} epochs x "
+                 f"{steps_per_epoch} steps = steps 1..{total_steps}")
+    try:  # a real write, not os.access(), which says yes to root even on a read-only file system
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        (args.checkpoint_dir / f".probe-{os.getpid()}").touch()
+        (args.checkpoint_dir / f".probe-{os.getpid()}").unlink()
+    except OSError as e:
+        sys.exit(f"--checkpoint-dir {args.checkpoint_dir} is not writable: {e.strerror}")
+
+    distributed = "RANK" in os.environ  # under torchrun; plain `python` runs one process
+    if distributed:
+        backend, device = ddp_common.backend_and_device()
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        rank = dist.get_rank()
+    else:
+        device, rank = torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0
+
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    model = SmallCNN().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)  # stepped once per epoch
+    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    # A generator of its own: each new DataLoader iterator draws a seed from it, not from torch's global RNG.
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, generator=torch.Generator())
+    torch.manual_seed(args.seed + 1000 * rank)  # each rank its own noise
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+
+    # Resume. Rank 0 picks the file, so that every rank resumes from the same one.
+    chosen = [newest_checkpoint(args.checkpoint_dir)[0] if rank == 0 else None]
+    if distributed:
+        dist.broadcast_object_list(chosen, src=0)
+    step, epoch, resumed_from, loss_at_resume, rng_to_restore = 0, 0, None, None, None
+    if chosen[0] is not None:
+        checkpoint = load_checkpoint(chosen[0])
+        try:
+            if not isinstance(checkpoint, dict) or "model" not in checkpoint or "rng" not in checkpoint:
+                raise CheckpointError(f"{chosen[0]} is not a checkpoint of train_resumable.py")
+            load_model_state(model, checkpoint["model"], chosen[0])  # before DDP, which broadcasts rank 0's
+        except CheckpointError as e:
+            sys.exit(str(e))
+        optimizer.load_state_dict(checkpoint["optimizer"])  # momentum buffers, moved to the parameters' device
+        scheduler.load_state_dict(checkpoint["scheduler"])
+        step, epoch, resumed_from = checkpoint["step"], checkpoint["epoch"], checkpoint["step"]
+        if rank == 0:
+            print(f"resumed from {chosen[0].name}: step {step}, epoch {epoch}, "
+                  f"batch {checkpoint['batches_done_in_epoch']} of {checkpoint['steps_per_epoch']}")
+        if checkpoint["world_size"] == world_size:
+            if args.resume_without != "sampler_position":
+                sampler.skip = checkpoint["batches_done_in_epoch"] * args.batch_size
+            if args.resume_without != "rng_state":
+                rng_to_restore = checkpoint["rng"][rank]
+        else:  # a new world size: the checkpoint's learning rates follow --lr (against the checkpoint's base lr)
+            scale = args.lr / scheduler.base_lrs[0]
+            for group in optimizer.param_groups:
+                group["lr"] *= scale
+            scheduler.base_lrs = [lr * scale for lr in scheduler.base_lrs]
+            if rank == 0:
+                print(f"resuming a {checkpoint['world_size']}-rank checkpoint on {world_size} ranks: the sampler "
+                      f"reshards, the global batch is {world_size * args.batch_size}, epoch {epoch} restarts from its "
+                      f"first batch, each rank's random stream is new, and the learning rate is x{scale:g} (--lr). "
+                      "The run goes on; it is no longer the same run.")
+        loss_at_resume = train_set_loss(model, train_set, rank, world_size, device, distributed)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if distributed else model
+    if resumed_from is not None and distributed:
+        # DDP reduces its first backward in one bucket, in parameter order, then rebuilds its buckets in the
+        # order gradients become ready. A resumed run would do its first step in the first layout, where an
+        # uninterrupted run uses the rebuilt one; with 3+ ranks the layout changes the order of the float
+        # sums. One throwaway backward (no optimizer step) puts the resumed run in the same layout.
+        ddp(train_set[0][0].unsqueeze(0).to(device)).sum().backward()
+        optimizer.zero_grad(set_to_none=True)
+    if rng_to_restore is not None:  # last: constructing DDP draws from torch's RNG (measured, torch 2.14)
+        set_rng_states(rng_to_restore)
+
+    def save(epoch_to_resume, batches_done):
+        everyone = [None] * world_size if rank == 0 else None
+        if distributed:  # every rank's random state, to rank 0: each rank draws its own noise
+            dist.gather_object(rng_states(), everyone, dst=0, weights_only=True)
+        else:
+            everyone = [rng_states()]
+        if rank == 0:  # the global rank: on two nodes, local rank 0 exists twice
+            save_atomically({
+                "model": model.state_dict(),  # the plain model's: no "module." prefix
+                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "step": step, "epoch": epoch_to_resume, "batches_done_in_epoch": batches_done,
+                "steps_per_epoch": steps_per_epoch, "world_size": world_size, "rng": everyone,
+            }, args.checkpoint_dir / f"step_{step:06d}.pt")
+            for old in sorted(args.checkpoint_dir.glob("step_*.pt"))[:-2]:  # keep the newest two
+                old.unlink()
+        if distributed:
+            dist.barrier()  # nobody runs ahead while rank 0 writes
+
+    stop = args.max_steps or math.inf  # else the epochs decide
+    while epoch < args.epochs and step < stop:
+        sampler.set_epoch(epoch)  # the epoch's shuffle; sampler.skip starts it part-way after a resume
+        batches_done = steps_per_epoch - len(loader)
+        ddp.train()
+        for x, y in loader:
+            x = x + args.noise * torch.randn(x.shape)  # on the CPU, from torch's global RNG
+            loss = F.cross_entropy(ddp(x.to(device)), y.to(device))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step, batches_done = step + 1, batches_done + 1
+            if batches_done == steps_per_epoch:
+                scheduler.step()
+                save(epoch + 1, 0)
+            elif (args.checkpoint_every and step % args.checkpoint_every == 0) or step == stop:
+                save(epoch, batches_done)
+            if rank == args.crash_rank and step == args.crash_at_step and restart == 0:
+                print(f"rank {rank}: SIGKILL at step {step} (attempt {restart})", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step == stop:
+                break
+        if batches_done == steps_per_epoch:
+            epoch, sampler.skip = epoch + 1, 0
+
+    final_loss = train_set_loss(model, train_set, rank, world_size, device, distributed)
+    digest = params_sha256(model)
+    hashes = [None] * world_size
+    if distributed:
+        dist.all_gather_object(hashes, digest)
+    else:
+        hashes = [digest]
+    if rank == 0:
+        print(f"stopped after step {step}: train-set loss {final_loss:.4f}, params {digest[:12]}")
+        print("RESULT " + json.dumps({
+            "world_size": world_size, "steps_done": step, "resumed_from_step": resumed_from, "attempt": restart,
+            "loss_at_resume": loss_at_resume, "final_loss": final_loss, "params_sha256": digest,
+            "ranks_agree": len(set(hashes)) == 1,
+            "checkpoints": sorted(p.name for p in args.checkpoint_dir.glob("step_*.pt"))}))
+    if distributed:
+        dist.destroy_process_group()
+
+
+def train_set_loss(model, train_set, rank, world_size, device, distributed) -> float:
+    """Mean loss of the current parameters over the whole training set, each sample once."""
+    model.eval()  # the plain model, not the DDP wrapper: no collectives hidden in this forward
+    totals = torch.zeros(2, device=device)
+    with torch.no_grad():
+        for x, y in DataLoader(Subset(train_set, range(rank, len(train_set), world_size)), batch_size=500):
+            x, y = x.to(device), y.to(device)
+            totals += torch.stack([F.cross_entropy(model(x), y, reduction="sum"), torch.full((), float(len(y)), device=device)])
+    if distributed:
+        dist.all_reduce(totals)
+    return (totals[0] / totals[1]).item()
+
+
+if __name__ == "__main__":
+    main()
