@@ -26,6 +26,7 @@ the group goes, and its threads are joined before Python starts to shut down.
 import atexit
 import gc
 import os
+import sys
 
 import torch
 import torch.distributed.nn  # noqa: F401  (a) must come before init_process_group
@@ -38,6 +39,9 @@ def backend_and_device() -> tuple[str, torch.device]:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     if torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here:
-        torch.cuda.set_device(local_rank)
+        torch.cuda.set_device(local_rank)  # before anything touches CUDA, or every rank starts on GPU 0
         return "nccl", torch.device("cuda", local_rank)
+    if torch.cuda.is_available():  # GPUs, but fewer than ranks: say so, don't fall back silently
+        print(f"{torch.cuda.device_count()} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU",
+              file=sys.stderr)
     return "gloo", torch.device("cpu")

@@ -15,8 +15,6 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-import torchvision
-import torchvision.transforms as T
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 from tqdm import tqdm
@@ -51,18 +49,22 @@ def digits(seed):
     return TensorDataset(images[train].clone(), labels[train]), TensorDataset(images[test].clone(), labels[test])
 
 
-def cifar10(data_dir, distributed, rank):
+def cifar10(data_dir, distributed):
+    import torchvision  # here, not at the top: its import costs about a second in every rank
+    import torchvision.transforms as T
+
     transform = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
     error = None
-    if rank == 0:  # one rank downloads; the others wait, then read the files it wrote
+    # One download per *machine*: LOCAL_RANK 0 of each node (a node may not share the first node's disk).
+    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         try:
             torchvision.datasets.CIFAR10(data_dir, train=True, download=True)
         except Exception as e:  # offline, proxy, disk full: one line, not a traceback wall
             error = f"could not download CIFAR-10 to {data_dir}: {type(e).__name__}: {e}"
     if distributed:
-        shared = [error]
-        dist.broadcast_object_list(shared, src=0)  # also the barrier: nobody reads before rank 0 is done
-        error = shared[0]
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)  # also the barrier: nobody reads before the downloads are done
+        error = next((e for e in errors if e), None)
     if error:
         raise SystemExit(f"{error}\n(use --dataset digits, which needs no network)")
     return (torchvision.datasets.CIFAR10(data_dir, train=True, transform=transform),
@@ -79,20 +81,21 @@ def main():
     parser.add_argument("--lr", type=float, default=0.02)
     parser.add_argument("--num-workers", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--save-model", help="rank 0 saves the trained model's state_dict here")
     args = parser.parse_args()
 
     # Under torchrun RANK is set: go distributed. Run with plain python: one process, no process group.
     distributed = "RANK" in os.environ
     if distributed:
-        backend, device = ddp_common.backend_and_device()
-        dist.init_process_group(backend)
+        backend, device = ddp_common.backend_and_device()  # nccl: also torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)  # nccl: eager init
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         rank, world_size = 0, 1
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP would broadcast them anyway)
 
-    train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args.data_dir, distributed, rank)
+    train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args.data_dir, distributed)
     # Each rank a different 1/N of the data; set_epoch reshuffles it differently every epoch.
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
@@ -100,9 +103,13 @@ def main():
     # Evaluation shards without padding (DistributedSampler would repeat samples): rank r takes r, r+N, ...
     test_loader = DataLoader(Subset(test_set, range(rank, len(test_set), world_size)), batch_size=256)
 
-    model = (SmallCNN() if args.model == "cnn" else torchvision.models.resnet18(num_classes=10)).to(device)
-    if distributed:
-        model = DDP(model)
+    if args.model == "cnn":
+        model = SmallCNN().to(device)
+    else:
+        import torchvision
+        model = torchvision.models.resnet18(num_classes=10).to(device)
+    if distributed:  # device_ids=[local_rank] on a GPU; without it, DDP would not know which GPU is this rank's
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if rank == 0:
         print(f"{world_size} rank(s) x batch {args.batch_size} = global batch {world_size * args.batch_size}; "
@@ -120,7 +127,9 @@ def main():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            totals += torch.stack([loss.detach() * len(y), torch.tensor(len(y), device=device)])
+            # torch.full on the device, not torch.tensor(len(y), device=...): that would copy a CPU value to
+            # the GPU on every step and wait for it, undoing non_blocking (lesson 06).
+            totals += torch.stack([loss.detach() * len(y), torch.full((), float(len(y)), device=device)])
         if distributed:
             # all_reduce, so every rank knows the mean. (reduce(dst=...) would do for logging, but dst is a
             # *global* rank: passing a device index such as local_rank sends it to the wrong rank on node 2+.)
@@ -132,17 +141,21 @@ def main():
         if rank == 0:
             print(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f} (mean over all ranks' samples)")
 
-    model.eval()
+    # Evaluate the plain model inside DDP: even a no-grad forward through the wrapper broadcasts buffers.
+    plain_model = model.module if distributed else model
+    plain_model.eval()
     correct = torch.zeros(2, device=device)  # correct, seen
     with torch.no_grad():
         for x, y in test_loader:
             x, y = x.to(device), y.to(device)
-            correct += torch.stack([(model(x).argmax(1) == y).sum(), torch.tensor(len(y), device=device)])
+            correct += torch.stack([(plain_model(x).argmax(1) == y).sum(), torch.full((), len(y), device=device)])
     if distributed:
         dist.all_reduce(correct)
     test_acc = (correct[0] / correct[1]).item()
     # After the all_reduce every rank holds the same numbers: any rank could report them.
     print(f"rank {rank}: test accuracy {test_acc:.3f} on {int(correct[1])} samples (each counted once)")
+    if rank == 0 and args.save_model:
+        torch.save(plain_model.state_dict(), args.save_model)
     if rank == 0:
         print("RESULT " + json.dumps({
             "world_size": world_size, "global_batch": world_size * args.batch_size, "final_loss": epoch_losses[-1],
