@@ -16,7 +16,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ddp_common import backend_and_device  # import before init_process_group
-from ddp_from_scratch import BucketedDDP, NaiveDDP, OverlapDDP
+from ddp_step1_naive import NaiveDDP
+from ddp_step2_overlap import OverlapDDP
+from ddp_step3_bucketed import BucketedDDP
 
 
 def make_model(device, width=1024, layers=8):

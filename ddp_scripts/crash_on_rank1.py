@@ -1,9 +1,15 @@
 """A bug on one rank: what a failed launch looks like, and where its root cause is.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/crash_on_rank1.py
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/crash_on_rank1.py [--without-record]
+
+@record (torch.distributed.elastic) writes a rank's traceback, with a timestamp, to the error file
+torchrun gives each worker; torchrun's summary then shows it. --without-record leaves it off.
 """
+import sys
+
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from ddp_common import backend_and_device  # import before init_process_group
 
@@ -20,4 +26,6 @@ def main():
 
 
 if __name__ == "__main__":
+    if "--without-record" not in sys.argv:
+        main = record(main)  # usually written as the decorator @record above def main()
     main()

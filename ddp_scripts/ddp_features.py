@@ -49,14 +49,24 @@ def demo_unused(device, find_unused):
 
 
 def demo_bucket_view(device):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
     shares = {}
     for as_view in (False, True):
         torch.manual_seed(0)
         model = DDP(torch.nn.Linear(64, 64).to(device), gradient_as_bucket_view=as_view)
+        buckets = []  # DDP's own flat buckets, as its communication hook receives them
+
+        def keep_bucket(group, bucket):
+            buckets.append(bucket.buffer())
+            return allreduce_hook(group, bucket)  # the default all-reduce, unchanged
+
+        model.register_comm_hook(dist.group.WORLD, keep_bucket)
         model(torch.randn(4, 64, device=device)).sum().backward()
-        # A view has a ._base: the gradient is then a window into DDP's flat bucket, no copy.
-        shares[as_view] = model.module.weight.grad._base is not None
-        print(f"rank {dist.get_rank()}: gradient_as_bucket_view={as_view}: .grad is a view of the bucket: "
+        # Does .grad live in the memory of one of DDP's buckets? Same storage: a window into it, no copy.
+        grad = model.module.weight.grad.untyped_storage().data_ptr()
+        shares[as_view] = any(b.untyped_storage().data_ptr() == grad for b in buckets)
+        print(f"rank {dist.get_rank()}: gradient_as_bucket_view={as_view}: .grad lives in DDP's bucket: "
               f"{shares[as_view]}")
     return {"grad_is_bucket_view": shares[True], "grad_is_copy_without_flag": not shares[False]}
 

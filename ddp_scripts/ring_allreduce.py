@@ -29,17 +29,19 @@ class Traffic:
 
 
 def send_right_receive_left(send: torch.Tensor, receive: torch.Tensor, traffic: Traffic):
-    # Post both before waiting on either: if every rank did a blocking send first,
-    # every rank would wait for a receive that nobody has posted yet (deadlock).
+    # Post the send and the receive together, as one batch, before waiting on either: if every rank
+    # did a blocking send first, every rank would wait for a receive nobody has posted (deadlock).
+    # batch_isend_irecv is torch's documented way to do this; on NCCL, separate isend/irecv calls
+    # to the same peers can wait on each other in a circle.
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    pending = []
+    ops = []
     if send.numel():  # chunks are empty when there are fewer elements than ranks
-        pending.append(dist.isend(send, dst=(rank + 1) % world_size))
+        ops.append(dist.P2POp(dist.isend, send, (rank + 1) % world_size))
         traffic.sent += send.numel() * send.element_size()
     if receive.numel():
-        pending.append(dist.irecv(receive, src=(rank - 1) % world_size))
+        ops.append(dist.P2POp(dist.irecv, receive, (rank - 1) % world_size))
         traffic.received += receive.numel() * receive.element_size()
-    for request in pending:
+    for request in dist.batch_isend_irecv(ops) if ops else []:
         request.wait()
 
 

@@ -67,16 +67,46 @@ def traceback_of(stderr: str) -> str:
     return text[start:].rstrip()
 
 
+def recorded_root_cause(launch: LaunchResult) -> tuple[int, str] | None:
+    """(rank, traceback) from the error files that ranks decorated with @record wrote, or None.
+
+    torchrun calls the failure with the smallest timestamp the root cause. Its timestamps are whole
+    seconds, and a rank that lost its peer often fails in the same second: so, as torch does, earliest
+    first, but a rank whose own code raised goes before one that only lost its connection."""
+    errors = launch.attempts[-1].errors if launch.attempts else {}
+    found = []
+    for rank, data in errors.items():
+        message = data.get("message", {})
+        if not isinstance(message, dict):
+            continue
+        extra = message.get("extraInfo", {})
+        found.append((int(extra.get("timestamp", 0)), bool(_PEER_FAILURE.search(message.get("message", ""))),
+                      rank, extra.get("py_callstack", message.get("message", "")).rstrip()))
+    if not found:
+        return None
+    _, _, rank, traceback = min((t, peer, r, tb) for t, peer, r, tb in found if not peer) if any(
+        not peer for _, peer, _, _ in found) else min(found)
+    return rank, _RANK_PREFIX.sub("", traceback)
+
+
+def torchrun_root_cause(launcher_log: str) -> dict:
+    """The fields of torchrun's own "Root Cause (first observed failure)" block, as it printed them."""
+    block = launcher_log.partition("Root Cause (first observed failure):")[2]
+    fields = dict(re.findall(r"^\s+(rank|exitcode|error_file|traceback)\s*:\s*(.*)$", block, re.M))
+    return fields
+
+
 def failure(script: Path, launch: LaunchResult) -> LaunchError:
     codes = rank_exit_codes(launch.launcher_log)
-    rank = root_cause_rank(launch, codes)
+    recorded = recorded_root_cause(launch)  # @record's error files, when the script has them
+    rank = recorded[0] if recorded else root_cause_rank(launch, codes)  # else read the ranks' stderr
     if rank is None:  # torchrun failed before any rank ran
         tail = "\n".join(launch.launcher_log.rstrip().splitlines()[-20:])
         return LaunchError(f"torchrun failed (exit code {launch.returncode}) before any rank reported:\n{tail}", launch)
     code = codes.get(rank)
     how = f"exit code {code}" if code is not None and code >= 0 else (
         f"signal {signal.Signals(-code).name}" if code is not None else "an error")
-    traceback = traceback_of(launch.stderr.get(rank, ""))
+    traceback = recorded[1] if recorded else traceback_of(launch.stderr.get(rank, ""))
     where = f" in attempt {launch.attempts[-1].number}" if len(launch.attempts) > 1 else ""
     message = f"rank {rank} of {script.name} failed{where} ({how}):\n{traceback}"
     others = sorted(r for r in codes if r != rank)

@@ -71,14 +71,20 @@ def plot_traffic(results: list[dict]):
 
 
 def fit_alpha_beta(rows: list[dict], impl: str) -> tuple[float, float]:
-    """Least-squares fit of time = alpha + beta * bytes: latency (s) and inverse bandwidth (s/byte)."""
+    """Fit time = alpha + beta * bytes: latency (s) and inverse bandwidth (s/byte).
+
+    On *relative* error: each point weighs 1/time^2. A plain least-squares fit on seconds is decided by
+    the largest messages (a 16 MB time is a thousand 4 KB times), and its alpha means nothing."""
     points = [(r["bytes"], r["seconds"]) for r in rows if r["impl"] == impl]
     if len(points) < 2:
         raise ValueError(f"need at least two sizes for {impl!r}, got {len(points)}")
-    xs, ys = zip(*points)
-    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
-    beta = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in xs)
-    return mean_y - beta * mean_x, beta
+    # Minimise sum(((alpha + beta*x - y) / y)^2): weighted normal equations, weights w = 1/y^2.
+    w = [1 / y ** 2 for _, y in points]
+    sw, swx, swy = sum(w), sum(wi * x for wi, (x, _) in zip(w, points)), sum(wi * y for wi, (_, y) in zip(w, points))
+    swxx = sum(wi * x * x for wi, (x, _) in zip(w, points))
+    swxy = sum(wi * x * y for wi, (x, y) in zip(w, points))
+    beta = (sw * swxy - swx * swy) / (sw * swxx - swx ** 2)
+    return (swy - beta * swx) / sw, beta
 
 
 def plot_bandwidth(result: dict):
@@ -122,4 +128,20 @@ def plot_bucket_sweep(result: dict):
     ax.set_title(f"DDP step time on {result['world_size']} ranks")
     ax.legend()
     ax.grid(alpha=0.3)
+    return finished(fig)
+
+
+def plot_overlap(*results: dict):
+    """When each all-reduce started, against the backward() it belongs to (ms from backward's start), one row
+    per variant: the overlap variant's all-reduces start while backward is still running."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 1.2 + 0.6 * len(results)))
+    for row, result in enumerate(results):
+        ax.barh(row, result["backward_ms"], color="tab:blue", alpha=0.3, label="backward()" if row == 0 else None)
+        ax.plot(result["allreduce_launch_ms"], [row] * len(result["allreduce_launch_ms"]), "|", color="tab:red",
+                markersize=18, markeredgewidth=2, label="an all-reduce starts" if row == 0 else None)
+    ax.set_yticks(range(len(results)), [r["variant"] for r in results])
+    ax.set_xlabel("ms from the start of backward() (last step, rank 0)")
+    ax.legend(loc="lower right", fontsize=8)
     return finished(fig)

@@ -17,6 +17,7 @@ class Attempt:
     stdout: dict[int, str] = field(default_factory=dict)
     stderr: dict[int, str] = field(default_factory=dict)
     failure: str | None = None  # why this attempt ended, e.g. "rank 1 killed by SIGKILL"; None if it succeeded
+    errors: dict[int, dict] = field(default_factory=dict)  # rank -> its error file, written by @record
 
 
 @dataclass
@@ -49,10 +50,17 @@ def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str
             attempt = attempts.setdefault(number, Attempt(number))
             attempt.stdout[int(rank_dir.name)] = read(rank_dir / "stdout.log")
             attempt.stderr[int(rank_dir.name)] = read(rank_dir / "stderr.log")
+            error_file = rank_dir / "error.json"  # torchrun's TORCHELASTIC_ERROR_FILE for this worker
+            if error_file.exists():
+                try:
+                    attempt.errors[int(rank_dir.name)] = json.loads(read(error_file))
+                except ValueError:  # half-written by a rank that was killed meanwhile
+                    pass
     ordered = []
     for number in sorted(attempts):
         a = attempts[number]
-        ordered.append(Attempt(number, dict(sorted(a.stdout.items())), dict(sorted(a.stderr.items()))))
+        ordered.append(Attempt(number, dict(sorted(a.stdout.items())), dict(sorted(a.stderr.items())),
+                               errors=dict(sorted(a.errors.items()))))
     log = read(launcher_log)
     # Every attempt but the last ended in a failure that torchrun logged, in order.
     for attempt, (code, rank) in zip(ordered[:-1], _ATTEMPT_FAILED.findall(log)):

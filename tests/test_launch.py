@@ -121,3 +121,19 @@ def test_a_killed_kernel_takes_the_launch_with_it(launch_env):
     while processes_with(launch_env[MARKER]) and time.monotonic() < deadline:
         time.sleep(0.2)
     # launch_env's teardown asserts that nothing is left.
+
+
+def test_root_cause_from_record_error_files_prefers_own_errors_on_a_timestamp_tie():
+    from lessons.failure import recorded_root_cause
+    from lessons.rank_output import Attempt
+
+    def error(message, timestamp):
+        return {"message": {"message": message, "extraInfo": {"py_callstack": f"Traceback ...\n{message}\n",
+                                                              "timestamp": str(timestamp)}}}
+
+    peer = "RuntimeError: Connection closed by peer [127.0.0.1]:1234"
+    launch = LaunchResult(returncode=1, attempts=[Attempt(0, errors={0: error(peer, 100), 1: error("ValueError: bug", 100)})])
+    assert recorded_root_cause(launch) == (1, "Traceback ...\nValueError: bug")
+    launch = LaunchResult(returncode=1, attempts=[Attempt(0, errors={0: error("KeyError: a", 99), 1: error("ValueError: b", 100)})])
+    assert recorded_root_cause(launch)[0] == 0  # earliest first, as torchrun does
+    assert recorded_root_cause(LaunchResult(returncode=1, attempts=[Attempt(0)])) is None

@@ -71,3 +71,11 @@ def test_ring_script_single_check_has_the_flat_result(launch_env):
                            args=["--numel", 10, "--dtype", "int64"])
     assert {k: run.result[k] for k in ("world_size", "numel", "dtype", "max_abs_err", "matches_builtin")} == {
         "world_size": 2, "numel": 10, "dtype": "int64", "max_abs_err": 0, "matches_builtin": True}
+
+
+def test_alpha_beta_fit_weighs_small_messages_as_much_as_large_ones():
+    # 10% noise on the 16 MB point alone: a fit on raw seconds would move alpha by milliseconds.
+    rows = [{"impl": "ring", "bytes": b, "seconds": (5e-3 + b / 1e9) * (1.1 if b == 1 << 24 else 1)}
+            for b in (4096, 65536, 1 << 20, 1 << 24)]
+    alpha, _ = fit_alpha_beta(rows, "ring")
+    assert alpha == pytest.approx(5e-3, rel=0.05)
