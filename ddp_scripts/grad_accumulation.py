@@ -1,0 +1,139 @@
+"""Gradient accumulation under DDP: k micro-batches, one optimizer step, and when DDP all-reduces.
+
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/grad_accumulation.py --accum-steps 4
+
+Each rank runs k micro-batches of --micro-batch samples, then one optimizer step: a global batch of
+ranks x k x micro-batch samples. The same training runs five ways (--modes), each from the same start:
+
+  no_sync        the first k-1 micro-batches inside ddp.no_sync(), the last one outside: one all-reduce
+  every          no no_sync at all: DDP all-reduces after every micro-batch, k per step
+  nanogpt        ddp.require_backward_grad_sync = (last micro-batch), what no_sync() sets (nanoGPT's way)
+  all_no_sync    every micro-batch inside no_sync(), the last one too (a widely read post): never synchronized
+  unscaled       like no_sync, but the loss is not divided by k
+
+A communication hook counts DDP's all-reduces; the first step's gradients are compared with one process
+computing the whole global batch at once.
+"""
+import argparse
+import contextlib
+import json
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_common  # import before init_process_group (see ddp_common.py)
+
+MODES = ["no_sync", "every", "nanogpt", "all_no_sync", "unscaled"]
+
+
+def make_model():
+    torch.manual_seed(0)  # the same start on every rank and in every mode
+    return nn.Sequential(nn.Linear(16, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 4))
+
+
+def global_batches(steps, world, k, micro):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(world * k * micro, 16, generator=g), torch.randn(world * k * micro, 4, generator=g))
+            for _ in range(steps)]
+
+
+def my_micro_batches(batch, rank, world, k, micro):
+    """This rank's k micro-batches of the global batch: rank r takes its contiguous share."""
+    x, y = batch
+    mine = slice(rank * k * micro, (rank + 1) * k * micro)
+    return list(zip(x[mine].split(micro), y[mine].split(micro)))
+
+
+def flat_grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def train(mode, batches, rank, world, k, micro, device):
+    counter = {"all_reduces": 0}
+
+    def counting_hook(group, bucket):  # DDP calls this once per bucket it all-reduces
+        counter["all_reduces"] += 1
+        return allreduce_hook(group, bucket)  # the default all-reduce, unchanged
+
+    ddp = DDP(make_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    ddp.register_comm_hook(dist.group.WORLD, counting_hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    first_grads, seconds = None, []
+    for batch in batches:
+        start = time.perf_counter()
+        micro_batches = my_micro_batches(batch, rank, world, k, micro)
+        for j, (x, y) in enumerate(micro_batches):
+            last = j == k - 1
+            if mode == "nanogpt":  # exactly what no_sync() toggles, set by hand
+                ddp.require_backward_grad_sync = last
+            skip_sync = (mode in ("no_sync", "unscaled") and not last) or mode == "all_no_sync"
+            with ddp.no_sync() if skip_sync else contextlib.nullcontext():
+                loss = F.mse_loss(ddp(x.to(device)), y.to(device))
+                (loss if mode == "unscaled" else loss / k).backward()  # 1/k: the mean over k micro-batches
+        if first_grads is None:
+            first_grads = flat_grads(ddp.module).clone()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds.append(time.perf_counter() - start)
+    params = torch.cat([p.detach().flatten() for p in ddp.module.parameters()])
+    spread = params.clone()
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    lowest = params.clone()
+    dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
+    return first_grads, {"allreduces_per_step": counter["all_reduces"] / len(batches),
+                         "params_spread_across_ranks": (spread - lowest).abs().max().item(),
+                         "step_seconds": sorted(seconds)[len(seconds) // 2]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--accum-steps", type=int, default=4, help="k micro-batches per optimizer step")
+    parser.add_argument("--micro-batch", type=int, default=8, help="samples per micro-batch, per rank")
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps")
+    parser.add_argument("--modes", default=",".join(MODES))
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    if args.accum_steps < 1:
+        sys.exit(f"--accum-steps must be >= 1 (the micro-batches per optimizer step), got {args.accum_steps}")
+    if args.micro_batch < 1 or args.steps < 1 or not set(modes) <= set(MODES):
+        sys.exit(f"--micro-batch and --steps must be >= 1, --modes a comma-separated subset of {MODES}")
+    backend, device = ddp_common.backend_and_device()
+    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    rank, world, k = dist.get_rank(), dist.get_world_size(), args.accum_steps
+    batches = global_batches(args.steps, world, k, args.micro_batch)
+
+    reference = make_model()  # one process, the whole first global batch at once
+    F.mse_loss(reference(batches[0][0]), batches[0][1]).backward()
+    big_batch_grads = flat_grads(reference)
+
+    train("every", batches[:1], rank, world, k, args.micro_batch, device)  # warm-up, so no mode pays for it
+    table = {}
+    for mode in modes:
+        grads, row = train(mode, batches, rank, world, k, args.micro_batch, device)
+        row["grad_diff_from_big_batch"] = (grads.cpu() - big_batch_grads).abs().max().item()
+        row["grad_norm_ratio"] = (grads.norm() / big_batch_grads.norm()).item()
+        table[mode] = row
+        if rank == 0:
+            print(f"{mode:>12}: {row['allreduces_per_step']:g} all-reduces per step, first step's gradient vs one "
+                  f"big batch: max |diff| {row['grad_diff_from_big_batch']:.1e} (norm x{row['grad_norm_ratio']:.2f}), "
+                  f"parameters across ranks differ by {row['params_spread_across_ranks']:.1e}")
+    if rank == 0:
+        result = {"world_size": world, "accum_steps": k, "global_batch": world * k * args.micro_batch, "modes": table}
+        if "no_sync" in table:
+            result.update(matches_big_batch=table["no_sync"]["grad_diff_from_big_batch"] < 1e-5,
+                          allreduces_per_step_with_no_sync=table["no_sync"]["allreduces_per_step"],
+                          params_agree_across_ranks=table["no_sync"]["params_spread_across_ranks"] == 0)
+        if "every" in table:
+            result["allreduces_per_step_without_no_sync"] = table["every"]["allreduces_per_step"]
+        print("RESULT " + json.dumps(result))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
