@@ -93,19 +93,33 @@ def train(mode, batches, rank, world, k, micro, device):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--accum-steps", type=int, default=4, help="k micro-batches per optimizer step")
+    parser.add_argument("--accum-steps", default="4", help="k micro-batches per optimizer step; 1,2,4 runs each")
     parser.add_argument("--micro-batch", type=int, default=8, help="samples per micro-batch, per rank")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps")
     parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args()
     modes = args.modes.split(",")
-    if args.accum_steps < 1:
+    try:
+        all_k = [int(k) for k in args.accum_steps.split(",")]
+    except ValueError:
+        sys.exit(f"--accum-steps must be whole numbers, got {args.accum_steps!r}")
+    if min(all_k) < 1:
         sys.exit(f"--accum-steps must be >= 1 (the micro-batches per optimizer step), got {args.accum_steps}")
     if args.micro_batch < 1 or args.steps < 1 or not set(modes) <= set(MODES):
         sys.exit(f"--micro-batch and --steps must be >= 1, --modes a comma-separated subset of {MODES}")
     backend, device = ddp_common.backend_and_device()
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    rank, world, k = dist.get_rank(), dist.get_world_size(), args.accum_steps
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = [run_checks(k, modes, args, rank, world, device) for k in all_k]
+    if rank == 0:
+        result = dict(results[-1])  # the last k's keys at the top; every k's under per_accum_steps
+        if len(results) > 1:
+            result["per_accum_steps"] = {str(r["accum_steps"]): r for r in results}
+        print("RESULT " + json.dumps(result))
+    dist.destroy_process_group()
+
+
+def run_checks(k, modes, args, rank, world, device):
     batches = global_batches(args.steps, world, k, args.micro_batch)
 
     reference = make_model()  # one process, the whole first global batch at once
@@ -120,19 +134,17 @@ def main():
         row["grad_norm_ratio"] = (grads.norm() / big_batch_grads.norm()).item()
         table[mode] = row
         if rank == 0:
-            print(f"{mode:>12}: {row['allreduces_per_step']:g} all-reduces per step, first step's gradient vs one "
+            print(f"k={k} {mode:>12}: {row['allreduces_per_step']:g} all-reduce(s) per step, first step's gradient vs one "
                   f"big batch: max |diff| {row['grad_diff_from_big_batch']:.1e} (norm x{row['grad_norm_ratio']:.2f}), "
                   f"parameters across ranks differ by {row['params_spread_across_ranks']:.1e}")
-    if rank == 0:
-        result = {"world_size": world, "accum_steps": k, "global_batch": world * k * args.micro_batch, "modes": table}
-        if "no_sync" in table:
-            result.update(matches_big_batch=table["no_sync"]["grad_diff_from_big_batch"] < 1e-5,
-                          allreduces_per_step_with_no_sync=table["no_sync"]["allreduces_per_step"],
-                          params_agree_across_ranks=table["no_sync"]["params_spread_across_ranks"] == 0)
-        if "every" in table:
-            result["allreduces_per_step_without_no_sync"] = table["every"]["allreduces_per_step"]
-        print("RESULT " + json.dumps(result))
-    dist.destroy_process_group()
+    result = {"world_size": world, "accum_steps": k, "global_batch": world * k * args.micro_batch, "modes": table}
+    if "no_sync" in table:
+        result.update(matches_big_batch=table["no_sync"]["grad_diff_from_big_batch"] < 1e-5,
+                      allreduces_per_step_with_no_sync=table["no_sync"]["allreduces_per_step"],
+                      params_agree_across_ranks=table["no_sync"]["params_spread_across_ranks"] == 0)
+    if "every" in table:
+        result["allreduces_per_step_without_no_sync"] = table["every"]["allreduces_per_step"]
+    return result
 
 
 if __name__ == "__main__":
