@@ -71,7 +71,8 @@ def torchrun(
             try:
                 returncode = processes.wait(proc, timeout)
             except BaseException:  # KeyboardInterrupt from the kernel, or anything else
-                processes.stop_tree(proc)
+                with processes.interrupts_ignored():
+                    processes.stop_tree(proc)
                 raise
             if returncode is None:
                 stopped = processes.stop_tree(proc)

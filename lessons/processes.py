@@ -48,6 +48,21 @@ def wait(proc: subprocess.Popen, timeout: float | None) -> int | None:
                 return None
 
 
+@contextlib.contextmanager
+def interrupts_ignored():
+    """While we stop a launch, a second Ctrl-C (the stop button pressed again) must not cut the clean-up short
+    and leave workers behind. Only the main thread can set signal handlers; elsewhere there is no SIGINT to fear."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def stop_tree(proc: subprocess.Popen) -> int:
     """Stop torchrun and every process it started; return how many workers were stopped."""
     try:

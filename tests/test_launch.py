@@ -49,14 +49,30 @@ def test_timeout_keeps_the_output_so_far(launch_env):
 
 
 def test_interrupt_stops_every_process_and_propagates(launch_env):
-    main_thread = threading.main_thread().ident
-    timer = threading.Timer(8, lambda: signal.pthread_kill(main_thread, signal.SIGINT))
-    timer.start()  # as the kernel's stop button does: SIGINT to the kernel process
+    """As the kernel's stop button does: SIGINT to the kernel process, here after 8 s, and again every 2 s
+    until the launch has stopped, as a learner presses the button again. (Twice, in full-suite runs on a
+    loaded machine, a single SIGINT sent this way never arrived; we did not find why. One press is enough
+    in every run of this test on its own.)"""
+    main_thread, stopped, presses = threading.main_thread().ident, threading.Event(), []
+
+    def press_stop():
+        if not stopped.wait(8):
+            while not stopped.is_set():
+                presses.append(time.monotonic())
+                signal.pthread_kill(main_thread, signal.SIGINT)
+                stopped.wait(2)
+
+    presser = threading.Thread(target=press_stop, daemon=True)
+    presser.start()
+    start = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
             lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=60, env=launch_env, show=False)
     finally:
-        timer.cancel()
+        stopped.set()
+        presser.join()
+    # Stopped within a press or two (plus the grace period for torchrun to stop its workers), not at the 60 s timeout.
+    assert time.monotonic() - start < 8 + 2 * 2 + 2 * lessons.launch.STOP_GRACE_S + 5, presses
 
 
 @pytest.mark.parametrize("kwargs, error, text", [

@@ -1,0 +1,63 @@
+"""Lesson 12 beyond its notebook (which runs FSDP2 on 2 and 3 ranks, ZeRO on 2, DCP 2 -> 3): other sizes, a layer
+with fewer rows than ranks, and the in-process measurements and arithmetic."""
+import pytest
+import torch
+
+import lessons
+from conftest import SCRIPTS
+from lessons.memory import evaluation_keeps, per_rank_bytes, saved_activation_bytes
+
+
+def test_fsdp2_on_4_ranks_with_a_layer_of_3_rows(launch_env):
+    run = lessons.torchrun(SCRIPTS / "fsdp_vs_ddp.py", nproc=4, args=["--widths", "12,50,50,3"], env=launch_env,
+                           show=False)
+    r = run.result
+    assert r["world_size"] == 4 and r["matches_ddp"], r["max_abs_diff"]
+    for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):  # about 1/N of DDP's: whole rows, padding
+        assert r[f"ddp_{what}"] / 4 <= r[f"fsdp2_{what}"] < r[f"ddp_{what}"] / 4 * 1.3, what
+    assert (r["allgathers_per_step"], r["reduce_scatters_per_step"]) == (6, 3)
+    note = run.stderr[0].strip().splitlines()[0]
+    assert note.startswith("note: a layer has 3 rows for 4 ranks; FSDP2 pads it, so some ranks hold an empty shard")
+
+
+def test_zero_by_hand_on_3_ranks_pads_the_flat_vector(launch_env):
+    r = lessons.torchrun(SCRIPTS / "zero_by_hand.py", nproc=3, env=launch_env, show=False).result
+    assert r["matches_zero_redundancy_optimizer"], r["max_abs_diff"]
+    # 3455 parameters over 3 ranks: shards of 1152, two AdamW moments of 4 bytes, and the step counter.
+    assert r["optimizer_state_bytes"] == 2 * 1152 * 4 + 4 and r["unsharded_state_bytes"] == 2 * 3455 * 4
+
+
+def test_dcp_saved_on_3_ranks_loads_on_2(tmp_path, launch_env):
+    lessons.torchrun(SCRIPTS / "dcp_reshard.py", nproc=3, args=["--save", tmp_path], env=launch_env, show=False)
+    r = lessons.torchrun(SCRIPTS / "dcp_reshard.py", nproc=2, args=["--load", tmp_path], env=launch_env,
+                         show=False).result
+    assert r["loaded_equals_saved"] and r["rows_on_rank0"] == {"0.weight": 25, "1.weight": 25, "2.weight": 3}
+
+
+def test_saved_activations_checkpointed_and_per_sample():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh()) for _ in range(3)])
+    sizes = {}
+    for batch in (1, 8):
+        x = torch.randn(batch, 32, requires_grad=True)
+        sizes[batch] = [saved_activation_bytes(model, x, checkpointed) for checkpointed in (False, True)]
+    plain, ckpt = sizes[8]
+    assert plain["saved_bytes"] == 3 * 2 * 8 * 32 * 4  # each block: Linear's input and Tanh's output
+    assert ckpt["saved_bytes"] == 3 * 8 * 32 * 4  # each block: its input only
+    assert (plain["layer_forwards"], ckpt["layer_forwards"]) == (3, 6)  # recomputed in backward
+    assert sizes[8][0]["saved_bytes"] == 8 * sizes[1][0]["saved_bytes"]  # per sample
+
+
+def test_the_evaluation_leak_and_its_fixes():
+    assert evaluation_keeps(20, "none") == 2 * evaluation_keeps(10, "none") > 0
+    assert [evaluation_keeps(10, fix) for fix in ("item", "detach", "no_grad", "inference_mode")] == [0, 0, 0, 0]
+    with pytest.raises(ValueError, match="unknown fix"):
+        evaluation_keeps(1, "empty_cache")
+
+
+def test_zero_accounting():
+    row = per_rank_bytes(1e9, 8, "bf16 + fp32 master, AdamW")
+    assert row["DDP"] == 16e9 and row["ZeRO-3 / FSDP"] == 2e9
+    assert row["ZeRO-1"] == 4e9 + 12e9 / 8 and row["ZeRO-2"] == 2e9 + 14e9 / 8
+    with pytest.raises(ValueError, match="world must be >= 1"):
+        per_rank_bytes(1e9, 0, "fp32 AdamW")
