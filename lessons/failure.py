@@ -84,8 +84,8 @@ def recorded_root_cause(launch: LaunchResult) -> tuple[int, str] | None:
                       rank, extra.get("py_callstack", message.get("message", "")).rstrip()))
     if not found:
         return None
-    _, _, rank, traceback = min((t, peer, r, tb) for t, peer, r, tb in found if not peer) if any(
-        not peer for _, peer, _, _ in found) else min(found)
+    own_errors = [f for f in found if not f[1]]
+    _, _, rank, traceback = min(own_errors or found)
     return rank, _RANK_PREFIX.sub("", traceback)
 
 

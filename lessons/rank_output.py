@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,8 +74,6 @@ def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str
 
 
 def describe_exit(rank: int, code: int) -> str:
-    import signal
-
     if code == -signal.SIGTERM:
         return f"rank {rank} stopped by torchrun"
     if code < 0:
