@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser lab test cost stress clean
+.PHONY: setup browser slurm lab test cost stress clean
 
 setup: $(STAMP)
 
@@ -26,8 +26,15 @@ browser:
 	  && apt-get update -qq && apt-get install -y -qq chromium >/dev/null; } \
 	  || echo "chromium could not be installed here: the browser test will be skipped"
 
+# Lesson 10's test submits the sbatch templates to a real Slurm on this machine (Debian's slurm-wlm and
+# munge; ddp_scripts/slurm/local_cluster.sh brings it up and down). Installed where we can, as chromium is.
+slurm:
+	@command -v sbatch >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] \
+	  && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null; } \
+	  || echo "Slurm could not be installed here: the Slurm test will be skipped"
+
 # Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
-test: setup browser
+test: setup browser slurm
 	$(PY) -m pytest
 
 # What one lesson costs, e.g. make cost LESSON="notebooks/07_checkpoints.ipynb tests/test_checkpoints.py"

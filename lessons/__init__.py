@@ -1,4 +1,7 @@
 """DDP Lessons: the notebook side of the course (launcher, widgets and plots, data)."""
 from .launch import LaunchError, LaunchResult, as_terminal_shows, command_line, parse_result, torchrun
+from .nodes import torchrun_nodes
+from .python_launch import run_python
 
-__all__ = ["LaunchError", "LaunchResult", "as_terminal_shows", "command_line", "parse_result", "torchrun"]
+__all__ = ["LaunchError", "LaunchResult", "as_terminal_shows", "command_line", "parse_result", "run_python",
+           "torchrun", "torchrun_nodes"]

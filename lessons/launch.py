@@ -27,6 +27,8 @@ __all__ = ["LaunchError", "LaunchResult", "as_terminal_shows", "command_line", "
 
 MAX_NPROC = 32  # more ranks than this on one machine is a typo, not a lesson
 MAX_RESTARTS = 10
+# torchrun itself, and the deprecated launcher that wraps it (it adds --local-rank=N to the script's arguments).
+LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "torch.distributed.launch": "torch.distributed.launch"}
 
 
 def torchrun(
@@ -38,13 +40,17 @@ def torchrun(
     threads_per_rank: int = 1,
     env: dict[str, str] | None = None,
     max_restarts: int = 0,
+    launcher: str = "torchrun",
 ) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node=NPROC SCRIPT ARGS`` and collect each rank.
 
     Raises ``LaunchError`` if a rank fails (in the last attempt) or the launch times out; a
     ``KeyboardInterrupt`` (the kernel's stop button) stops every process of the launch and is re-raised.
+    ``launcher="torch.distributed.launch"`` runs the deprecated launcher instead (lesson 10).
     """
     script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts)
+    if launcher not in LAUNCHER_MODULES:
+        raise ValueError(f"launcher must be one of {sorted(LAUNCHER_MODULES)}, got {launcher!r}")
     worker_env = {
         **os.environ,
         # torchrun would set 1 anyway and warn about it; we choose it explicitly.
@@ -60,7 +66,7 @@ def torchrun(
         worker_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
     with tempfile.TemporaryDirectory(prefix="ddp_lessons_") as log_dir:
-        command = [sys.executable, "-m", "torch.distributed.run",
+        command = [sys.executable, "-m", LAUNCHER_MODULES[launcher],
                    *_torchrun_flags(nproc, max_restarts),
                    f"--log-dir={log_dir}",
                    "--redirects=3",  # each rank's stdout+stderr into its own file, not the console

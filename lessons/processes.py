@@ -29,9 +29,9 @@ def die_with_parent():
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def start(command: list[str], env: dict, log_file) -> subprocess.Popen:
+def start(command: list[str], env: dict, log_file, stderr=subprocess.STDOUT, cwd=None) -> subprocess.Popen:
     return subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, env=env,
+        command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=stderr, env=env, cwd=cwd,
         start_new_session=True,  # our signals, not the terminal's, stop it
         preexec_fn=die_with_parent,  # a killed kernel takes torchrun with it
     )

@@ -101,19 +101,20 @@ def as_terminal_shows(text: str) -> str:
     return "\n".join(line.rsplit("\r", 1)[-1] for line in text.split("\n"))
 
 
-def print_ranks(launch: LaunchResult) -> None:
+def print_ranks(launch: LaunchResult, label: str = "rank{rank}", heading: str = "") -> None:
     """Each rank's output, rank by rank, each line labelled: the same every run.
-    After a restart, each attempt under a heading of its own."""
+    After a restart, each attempt under a heading of its own. ``label`` names a rank (local rank on a node)."""
     attempts = launch.attempts or [Attempt(0, launch.stdout, launch.stderr)]
     for attempt in attempts:
         if len(attempts) > 1:
             how = f"ended: {attempt.failure}" if attempt.failure else (
                 "succeeded" if launch.returncode == 0 else "failed")
-            sys.stdout.write(f"--- attempt {attempt.number} ({how}) ---\n")
+            sys.stdout.write(f"--- {heading}attempt {attempt.number} ({how}) ---\n")
             sys.stdout.flush()
         for rank in sorted(set(attempt.stdout) | set(attempt.stderr)):
             for text, stream in ((attempt.stdout.get(rank, ""), sys.stdout), (attempt.stderr.get(rank, ""), sys.stderr)):
                 text = as_terminal_shows(text).rstrip("\n")
                 if text:
-                    stream.write("".join(f"[rank{rank}] {line}\n" for line in text.split("\n")))
+                    name = label.format(rank=rank)
+                    stream.write("".join(f"[{name}] {line}\n" for line in text.split("\n")))
                     stream.flush()  # keep stdout and stderr blocks in rank order

@@ -1,0 +1,166 @@
+"""Several torchrun agents on one machine, each standing in for a node (lesson 10).
+
+On a cluster you run one torchrun per node, each in its own terminal (or one per node from srun).
+``torchrun_nodes()`` starts those agents from a cell, with the guarantees of ``torchrun()``: a timeout
+or Ctrl-C stops every agent and every worker, a failing rank raises ``LaunchError``. All on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import processes
+from .failure import LaunchError, failure
+from .rank_output import LaunchResult, collect, print_ranks, read
+
+MAX_NODES = 8
+GRACE_AFTER_A_FAILURE_S = 10.0  # the other nodes' ranks fail on their own once a peer is gone; else we stop them
+
+
+@dataclass
+class NodesResult:
+    nodes: list[LaunchResult] = field(default_factory=list)  # one per agent, in the order they were started
+    result: dict | None = None  # the RESULT of global rank 0, whichever node it ran on
+    command_lines: list[str] = field(default_factory=list)  # what you would type on each node
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_flags(node: int, nnodes: int, nproc_per_node: int, rendezvous: str, port: int,
+               min_nodes: int | None = None) -> list[str]:
+    """torchrun's flags for agent number ``node``: the part of the command a learner types."""
+    flags = [f"--nnodes={min_nodes}:{nnodes}" if min_nodes else f"--nnodes={nnodes}",
+             f"--nproc-per-node={nproc_per_node}"]
+    if rendezvous == "static":  # you number the nodes; node 0's address is the master
+        return flags + [f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    flags += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=lesson10"]
+    if min_nodes:  # elastic: start once min_nodes are there and no one else came for 1 s (default 30 s)
+        flags.append("--rdzv-conf=last_call_timeout=1")
+    return flags
+
+
+def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: int = 2, args: tuple | list = (),
+                   rendezvous: str = "c10d", node_ranks: list[int] | None = None, min_nodes: int | None = None,
+                   join_when: str | None = None, timeout: float | None = 120, show: bool = True,
+                   env: dict[str, str] | None = None) -> NodesResult:
+    """Start ``nnodes`` torchrun agents, as ``nnodes`` machines would, and collect every rank.
+
+    ``rendezvous="c10d"``: the agents meet at a store and it numbers the nodes; ``"static"``: each agent is
+    given ``--node-rank`` (``node_ranks``, default 0, 1, ...) and node 0's address. ``min_nodes`` makes the job
+    elastic (``--nnodes=MIN:MAX``); with ``join_when``, the later agents start only once node 0's rank 0
+    has printed that text, so they join a job that is already running.
+    """
+    from .launch import _check_arguments
+    script, nproc_per_node, args, timeout = _check_arguments(script, nproc_per_node, args, timeout, 1, 0)
+    node_ranks = _check_nodes(nnodes, rendezvous, node_ranks, min_nodes)
+    port = free_port()
+    agent_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
+                 **(env or {})}
+    if min_nodes:
+        # torch 2.14: when the group re-forms, agents that share the rendezvous store with their workers
+        # wait forever for keys of the new round (measured; pytorch/pytorch#135712). A fresh store per round fixes it.
+        agent_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    flags = [node_flags(rank, nnodes, nproc_per_node, rendezvous, port, min_nodes) for rank in node_ranks]
+    launched = NodesResult(command_lines=[shlex.join(["torchrun", *f, str(script), *args]) for f in flags])
+
+    with tempfile.TemporaryDirectory(prefix="ddp_lessons_nodes_") as root:
+        log_dirs = [Path(root) / f"node{i}" for i in range(nnodes)]
+        commands = [[sys.executable, "-m", "torch.distributed.run", *f, f"--log-dir={d}", "--redirects=3",
+                     str(script), *args] for f, d in zip(flags, log_dirs)]
+        logs = [open(Path(root) / f"torchrun{i}.log", "wb") for i in range(nnodes)]
+        agents = []
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            agents.append(processes.start(commands[0], agent_env, logs[0]))
+            if join_when and not _wait_for_text(log_dirs[0], join_when, agents[0], deadline):
+                codes = [agents[0].poll()]  # node 0 ended, or the time ran out, before it printed join_when
+            else:
+                agents += [processes.start(c, agent_env, log) for c, log in zip(commands[1:], logs[1:])]
+                codes = _wait_all(agents, deadline)
+        except BaseException:
+            with processes.interrupts_ignored():
+                for agent in agents:
+                    processes.stop_tree(agent)
+            raise
+        finally:
+            for log in logs:
+                log.close()
+        stopped = sum(processes.stop_tree(agent) for agent in agents) if None in codes else 0
+        launched.nodes = [collect(str(d), Path(root) / f"torchrun{i}.log", -9 if c is None else c, command)
+                          for i, (d, c, command) in enumerate(zip(log_dirs, codes, commands))]
+    launched.result = next((n.result for n in launched.nodes if n.result is not None), None)
+
+    if show:
+        for i, node in enumerate(launched.nodes):
+            print_ranks(node, label=f"node{i} local{{rank}}", heading=f"node{i} ")
+    failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+    if failed:  # the first node that failed on its own; the others may have been stopped after it
+        error = failure(script, launched.nodes[failed[0]])
+        raise LaunchError(f"node {failed[0]}: {error}", launched.nodes[failed[0]], rank=error.rank,
+                          root_cause=error.root_cause)
+    if len(codes) < nnodes:
+        raise LaunchError(f"the other nodes were never started: node 0 {'ended' if codes[0] is not None else 'timed out'}"
+                          f" before its rank 0 printed {join_when!r}", launched.nodes[0])
+    if None in codes:
+        raise LaunchError(f"{script.name} on {nnodes} nodes timed out after {timeout:g} s; stopped "
+                          f"{len(agents)} agent(s) and {stopped} worker process(es)", launched.nodes[0])
+    return launched
+
+
+def _check_nodes(nnodes, rendezvous, node_ranks, min_nodes) -> list[int]:
+    if isinstance(nnodes, bool) or not isinstance(nnodes, int) or not 1 <= nnodes <= MAX_NODES:
+        raise ValueError(f"nnodes must be an int from 1 to {MAX_NODES}, got {nnodes!r}")
+    if rendezvous not in ("c10d", "static"):
+        raise ValueError(f"rendezvous must be 'c10d' or 'static', got {rendezvous!r}")
+    if min_nodes is not None:
+        if rendezvous != "c10d":
+            raise ValueError("min_nodes (an elastic --nnodes=MIN:MAX) needs rendezvous='c10d'")
+        if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= nnodes:
+            raise ValueError(f"min_nodes must be an int from 1 to nnodes={nnodes}, got {min_nodes!r}")
+    if node_ranks is None:
+        return list(range(nnodes))
+    if rendezvous != "static":
+        raise ValueError("node_ranks are for rendezvous='static': with c10d the rendezvous numbers the nodes")
+    if len(node_ranks) != nnodes:
+        raise ValueError(f"node_ranks needs one --node-rank per node: {nnodes}, got {len(node_ranks)}")
+    for rank in node_ranks:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < nnodes:
+            # torchrun does not check this: the rendezvous waits, until its timeout, for a node that never comes.
+            raise ValueError(f"--node-rank={rank} with --nnodes={nnodes}: node ranks run from 0 to {nnodes - 1}")
+    if len(set(node_ranks)) != nnodes:
+        raise ValueError(f"each --node-rank must be used once, got {node_ranks}")
+    return list(node_ranks)
+
+
+def _wait_for_text(log_dir: Path, text: str, agent, deadline) -> bool:
+    """True once node 0's rank 0 has printed ``text`` (in any attempt); False if node 0 ends or time runs out."""
+    while agent.poll() is None and (deadline is None or time.monotonic() < deadline):
+        if any(text in read(p) for p in log_dir.glob("*/attempt_*/0/stdout.log")):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _wait_all(agents, deadline) -> list[int | None]:
+    """Every agent's exit code; None for those still running at the deadline. Once one agent has
+    failed, the others get GRACE_AFTER_A_FAILURE_S to end on their own."""
+    while True:
+        codes = [a.poll() for a in agents]
+        if None not in codes:
+            return codes
+        now = time.monotonic()
+        if any(c not in (None, 0) for c in codes):
+            deadline = min(deadline or now + GRACE_AFTER_A_FAILURE_S, now + GRACE_AFTER_A_FAILURE_S)
+        if deadline is not None and now > deadline:
+            return codes
+        time.sleep(0.1)

@@ -1,0 +1,184 @@
+"""Lesson 10: launchers, init methods, several nodes on one machine, and a real Slurm.
+
+Notebook 10 runs each launcher at 2 ranks, each init method once, and 2 nodes x 2 processes; here are
+the other sizes, the failures, the bad input, and what the notebook cannot run: the Slurm templates.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+import lessons
+from conftest import MARKER, ROOT, SCRIPTS, FIXTURES, processes_with
+from lessons import slurm
+
+
+def test_fork_at_3_ranks_trains_data_parallel(launch_env):
+    run = lessons.run_python(SCRIPTS / "launch_spawn.py", ["--start-method", "fork", "--nprocs", "3"],
+                             env=launch_env, show=False, timeout=60)
+    assert run.result["world_size"] == 3 and run.result["weights_equal_on_every_rank"]
+    assert run.result["environment"] == ["MASTER_ADDR", "MASTER_PORT"]  # nothing else is set without a launcher
+    assert sorted(run.stdout) == [0, 1, 2]  # each rank's lines, grouped by rank
+
+
+def test_spawn_at_1_rank(launch_env):
+    run = lessons.run_python(SCRIPTS / "launch_spawn.py", ["--nprocs", "1"], env=launch_env, show=False, timeout=60)
+    assert run.result["launcher"] == "mp.spawn" and run.result["world_size"] == 1
+
+
+def test_legacy_launcher_passes_local_rank_and_warns(launch_env):
+    run = lessons.torchrun(SCRIPTS / "launch_legacy.py", nproc=1, launcher="torch.distributed.launch",
+                           env=launch_env, show=False, timeout=60)
+    assert "FutureWarning" in run.launcher_log and "--local-rank=0" in " ".join(run.command + ["--local-rank=0"])
+    assert run.result["launcher"] == "torch.distributed.launch" and "LOCAL_RANK" in run.result["environment"]
+
+
+def test_unknown_launcher_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="launcher must be one of"):
+        lessons.torchrun(SCRIPTS / "tiny_train.py", launcher="mpirun")
+
+
+@pytest.mark.parametrize("method", ["env", "tcp", "file"])
+def test_each_init_method_at_3_ranks(method, launch_env):
+    run = lessons.run_python(SCRIPTS / "init_methods.py", ["--init-method", method, "--world-size", "3"],
+                             env=launch_env, show=False, timeout=60)
+    lines = [text.strip() for rank, text in run.stdout.items() if rank >= 0]
+    assert len(lines) == 3 and all(line.endswith("all_reduce of rank+1 = 6") for line in lines)
+
+
+def test_a_stale_init_file_breaks_the_next_run_and_a_fresh_one_works(tmp_path, launch_env):
+    init_file = tmp_path / "init"
+    run = lambda *extra: lessons.run_python(SCRIPTS / "init_methods.py",  # noqa: E731
+                                            ["--init-method", "file", "--file", init_file, "--timeout", "10", *extra],
+                                            env=launch_env, show=False, timeout=60)
+    with pytest.raises(lessons.LaunchError, match="exited with code 1"):
+        run("--crash-after-init")  # a run that dies without cleaning up leaves its file
+    assert init_file.exists()
+    with pytest.raises(lessons.LaunchError) as stale:
+        run()
+    message = str(stale.value)  # it failed fast ("Connection refused": stale addresses) or hung until the timeout
+    assert len(message.splitlines()) == 1 and message.endswith("(the file was there before this run: "
+                                                               "delete it, or use a fresh path)")
+    init_file.unlink()  # the clean-up
+    assert run().returncode == 0
+
+
+def test_a_tcp_address_nobody_listens_on_is_reported_within_the_timeout(launch_env):
+    with socket_nobody_listens_on() as port:
+        start = time.monotonic()
+        with pytest.raises(lessons.LaunchError) as error:
+            lessons.run_python(SCRIPTS / "init_methods.py", ["--init-method", "tcp", "--address", f"127.0.0.1:{port}",
+                                                             "--ranks", "1", "--timeout", "2"],
+                               env=launch_env, show=False, timeout=60)
+        elapsed = time.monotonic() - start
+    assert str(error.value).endswith("did not meet within 2 s (is every rank started, "
+                                                     "and is the address one they all reach?)")
+    assert elapsed < 2 + 5  # the timeout, plus starting Python and importing torch
+
+
+class socket_nobody_listens_on:
+    """A port that was free a moment ago: bound, then closed."""
+    def __enter__(self):
+        from lessons.nodes import free_port
+        return free_port()
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_2_nodes_of_3_processes_number_their_ranks(launch_env):
+    run = lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", nnodes=2, nproc_per_node=3, env=launch_env,
+                                 show=False, timeout=90)
+    assert run.result["world_size"] == 6 and run.result["group_formed"] and run.result["arithmetic_holds"]
+    assert [(r["node_rank"], r["local_rank"]) for r in run.result["ranks"]] == [(n, l) for n in (0, 1) for l in range(3)]
+
+
+@pytest.mark.parametrize("node_ranks, text", [
+    ([0, 2], "--node-rank=2 with --nnodes=2: node ranks run from 0 to 1"),
+    ([1, 1], "each --node-rank must be used once"),
+])
+def test_bad_node_ranks_are_refused_in_one_line(node_ranks, text):
+    with pytest.raises(ValueError, match=text):
+        lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", rendezvous="static", node_ranks=node_ranks)
+
+
+def test_run_python_timeout_stops_the_script_and_its_children(launch_env):
+    with pytest.raises(lessons.LaunchError, match="timed out after 3 s"):
+        lessons.run_python(FIXTURES / "spawn_hang.py", env=launch_env, show=False, timeout=3)
+    # launch_env's teardown asserts that no process is left.
+
+
+def test_sbatch_absent_is_one_line(tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        slurm.submit(tmp_path / "job.sbatch", cwd=tmp_path, env={"PATH": str(tmp_path)})
+    assert str(error.value) == slurm.NO_SLURM
+
+
+# --- A real Slurm: Debian's slurm-wlm and munge, brought up by the course's own script ---
+
+CLUSTER = SCRIPTS / "slurm" / "local_cluster.sh"
+
+
+def slurm_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root"
+    missing = [tool for tool in ("sbatch", "slurmctld", "slurmd", "munged") if shutil.which(tool) is None]
+    if missing:
+        return f"Slurm is not installed ({', '.join(missing)} missing; `make test` installs it where it is root)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    reason = slurm_unavailable()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the Slurm test: {reason}")
+        pytest.skip(reason)
+    # Not under tmp_path: munged refuses a socket in a directory that other users cannot reach.
+    cluster_dir = Path(tempfile.gettempdir()) / f"ddp_lessons_slurm_{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "CLUSTER_DIR": str(cluster_dir), "SLURM_CONF": str(cluster_dir / "slurm.conf")}
+    up = subprocess.run([CLUSTER, "up"], env=env, capture_output=True, text=True, timeout=60)
+    if up.returncode != 0:
+        subprocess.run([CLUSTER, "down"], env=env, capture_output=True, timeout=60)
+        pytest.fail(f"local_cluster.sh up failed: {up.stderr.strip()}")
+    daemons = [int((cluster_dir / name).read_text()) for name in ("slurmctld.pid", "slurmd.pid", "munge/munged.pid")]
+    try:
+        yield env
+    finally:
+        subprocess.run([CLUSTER, "down"], env=env, capture_output=True, timeout=60)
+        left = [pid for pid in daemons if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        assert left == [], f"Slurm daemons left running: {left}"
+        steps = [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "slurmstepd"]
+        assert steps == [], f"job steps left running: {steps}"
+
+
+@pytest.mark.parametrize("template, procs_per_node, cpus_per_task, world_size, nodes", [
+    ("one_node.sbatch", 2, 2, 2, 1),
+    ("multi_node.sbatch", 1, 1, 2, 2),  # two tasks on the one machine, each a torchrun standing in for a node
+])
+def test_the_sbatch_templates_run_under_a_real_slurm(slurm_cluster, tmp_path, template, procs_per_node,
+                                                     cpus_per_task, world_size, nodes):
+    job = tmp_path / template
+    job.write_text(slurm.render_for_cpu((SCRIPTS / "slurm" / template).read_text(), procs_per_node, cpus_per_task))
+    env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
+           "MASTER_PORT": str(lessons.nodes.free_port()), "OMP_NUM_THREADS": "1"}
+    job_id = slurm.submit(job, cwd=ROOT, env=env)
+    state = slurm.wait(job_id, timeout=90, env=env)
+    output = (ROOT / f"{state['JobName']}-{job_id}.out")
+    try:
+        text = output.read_text()
+    finally:
+        output.unlink(missing_ok=True)
+    assert state["JobState"] == "COMPLETED", f"job {job_id}: {state.get('JobState')}\n{text}"
+    ranks = sorted(line for line in text.splitlines() if line.startswith("node "))
+    assert len(ranks) == world_size, text
+    result = lessons.parse_result(text)
+    assert result["world_size"] == world_size and result["nodes"] == nodes
+    assert result["group_formed"] and result["arithmetic_holds"]
