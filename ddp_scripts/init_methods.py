@@ -51,6 +51,7 @@ def main():
     parser.add_argument("--timeout", type=float, default=30.0,
                         help="seconds for the ranks to meet and finish; also init_process_group(timeout=)")
     parser.add_argument("--crash-after-init", action="store_true", help="ranks exit without cleaning up")
+    parser.add_argument("--reuse-stale-file", action="store_true", help="use a --file that exists (see STALE)")
     args = parser.parse_args()
 
     path = None
@@ -66,6 +67,10 @@ def main():
 
     ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(range(args.world_size))
     stale = args.init_method == "file" and os.path.exists(path)  # a file:// path is good for one run only
+    if stale and not args.reuse_stale_file:
+        # torch would read the dead run's rendezvous data: the ranks then fail, hang, or meet, by chance.
+        sys.exit(f"{init_method} exists: a run that did not clean up left it. A file:// path is good for one run:"
+                 " delete it, or use a fresh path (--reuse-stale-file tries anyway)")
     # mp.spawn would re-import this script in each child; fork copies the running process.
     ranks_running = mp.start_processes(
         run_rank, args=(ranks, args.world_size, init_method, args.timeout, args.crash_after_init),

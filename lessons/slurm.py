@@ -21,12 +21,16 @@ def render_for_cpu(template: str, procs_per_node: int = 1, cpus_per_task: int = 
     """The template without GPUs: drop --gres, run ``procs_per_node`` processes per torchrun, and put
     all of --nodes=N's tasks on one node (--nodes=1 --ntasks-per-node=N)."""
     nodes = int(re.search(r"^#SBATCH --nodes=(\d+)", template, re.M).group(1))
-    text = re.sub(r"^#SBATCH --gres=.*\n", "", template, flags=re.M)
-    text = re.sub(r"^(#SBATCH --nodes=)\d+", r"\g<1>1", text, flags=re.M)
-    text = re.sub(r"^(#SBATCH --ntasks-per-node=)\d+", rf"\g<1>{nodes}", text, flags=re.M)
-    text = re.sub(r"^(#SBATCH --cpus-per-task=)\d+", rf"\g<1>{cpus_per_task}", text, flags=re.M)
-    return re.sub(r"^PROCS_PER_NODE=\d+", f"PROCS_PER_NODE={procs_per_node}", text, flags=re.M)
-
+    lines = {
+        r"#SBATCH --gres=.*\n": "",
+        r"#SBATCH --nodes=.*": "#SBATCH --nodes=1                  # one machine",
+        r"#SBATCH --ntasks-per-node=.*": f"#SBATCH --ntasks-per-node={nodes}        # each task a torchrun, standing in for a node",
+        r"#SBATCH --cpus-per-task=.*": f"#SBATCH --cpus-per-task={cpus_per_task}          # cores for its processes",
+        r"PROCS_PER_NODE=.*": f"PROCS_PER_NODE={procs_per_node}                   # processes on the CPU, not GPUs",
+    }
+    for pattern, replacement in lines.items():
+        template = re.sub("^" + pattern, replacement, template, flags=re.M)
+    return template
 
 def submit(script: str | Path, cwd: str | Path, env: dict | None = None) -> int:
     """``sbatch --parsable SCRIPT`` from ``cwd``; the job id."""

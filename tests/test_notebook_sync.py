@@ -18,10 +18,12 @@ def written_scripts() -> dict[str, tuple[Path, str]]:
             if cell["cell_type"] == "code" and source.startswith("%%writefile"):
                 first_line, _, body = source.partition("\n")
                 target = Path(first_line.split(maxsplit=1)[1])
-                assert target.parent == Path("../ddp_scripts"), f"{notebook.name} writes outside ddp_scripts: {target}"
-                assert target.name not in found, f"{target.name} is written by two cells"
+                assert target.parent in (Path("../ddp_scripts"), Path("../ddp_scripts/slurm")), \
+                    f"{notebook.name} writes outside ddp_scripts: {target}"
+                name = str(target.relative_to("../ddp_scripts"))
+                assert name not in found, f"{name} is written by two cells"
                 # %%writefile writes the cell body and ends it with a newline.
-                found[target.name] = (notebook, body if body.endswith("\n") else body + "\n")
+                found[name] = (notebook, body if body.endswith("\n") else body + "\n")
     return found
 
 
@@ -29,7 +31,11 @@ def test_notebooks_exist():
     assert NOTEBOOKS, "no notebooks found"
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in SCRIPTS.glob("*.py")))
+# The lesson scripts, and the sbatch templates of lesson 10 (local_cluster.sh is a tool, not a lesson cell).
+COMMITTED = sorted([p.name for p in SCRIPTS.glob("*.py")] + [f"slurm/{p.name}" for p in SCRIPTS.glob("slurm/*.sbatch")])
+
+
+@pytest.mark.parametrize("name", COMMITTED)
 def test_every_script_is_written_by_a_notebook_cell(name):
     cells = written_scripts()
     assert name in cells, f"ddp_scripts/{name} is committed but no notebook cell writes it"

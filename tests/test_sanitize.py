@@ -22,6 +22,7 @@ def sanitize(text):
     ("step 12.5 ms", "step 9 ms"),
     ('RESULT {"samples_per_s": 7837.6, "final_loss": 0.26}', 'RESULT {"samples_per_s": 1.2e+04, "final_loss": 0.26}'),
     ("listening on 127.0.0.1:29500", "listening on 127.0.0.1:41234"),
+    ("rank 0: file:///tmp/init_7j5fonj_/init -> 3", "rank 0: file:///tmp/init_a1b2c3d4/init -> 3"),
     ('"max_abs_diff": 1e-08, "backward_ms": 0.28, "allreduce_launch_ms": [0.29, 0.83], "launched_during_backward": 0',
      '"max_abs_diff": 1e-08, "backward_ms": 1.5e-01, "allreduce_launch_ms": [], "launched_during_backward": 0'),
 ])
