@@ -7,7 +7,9 @@ script and runs it here, through torchrun itself (``python -m torch.distributed.
   afterwards, rank by rank, so a cell's output is the same every run (rank_output.py);
 * rank 0's ``RESULT {json}`` line comes back as ``result.result``;
 * a failing rank raises ``LaunchError`` that leads with *that rank's* traceback (failure.py);
-* a timeout or an interrupt stops torchrun **and** its workers (processes.py);
+* while it runs, the ranks' lines are shown as they come (live.py);
+* a timeout first takes every rank's Python stack with py-spy (stacks.py), then stops torchrun **and**
+  its workers (processes.py);
 * ``max_restarts=`` is torchrun's ``--max-restarts``; each attempt's output is kept apart.
 """
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pathlib import Path
 
 from . import processes
 from .failure import LaunchError, failure
+from .live import LiveOutput, in_jupyter
+from .stacks import dump_ranks, where
 from .processes import STOP_GRACE_S  # noqa: F401  (tests read it from here)
 from .rank_output import LaunchResult, as_terminal_shows, collect, parse_result, print_ranks
 
@@ -41,12 +45,14 @@ def torchrun(
     env: dict[str, str] | None = None,
     max_restarts: int = 0,
     launcher: str = "torchrun",
+    live: bool | None = None,
 ) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node=NPROC SCRIPT ARGS`` and collect each rank.
 
     Raises ``LaunchError`` if a rank fails (in the last attempt) or the launch times out; a
     ``KeyboardInterrupt`` (the kernel's stop button) stops every process of the launch and is re-raised.
     ``launcher="torch.distributed.launch"`` runs the deprecated launcher instead (lesson 10).
+    ``live``: show the ranks' lines while the launch runs; by default in Jupyter and in a terminal.
     """
     script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts)
     if launcher not in LAUNCHER_MODULES:
@@ -72,27 +78,38 @@ def torchrun(
                    "--redirects=3",  # each rank's stdout+stderr into its own file, not the console
                    str(script), *args]
         launcher_log_path = Path(log_dir) / "torchrun.log"
+        if live is None:
+            live = in_jupyter() or sys.stdout.isatty()
+        live_output = LiveOutput(log_dir) if show and live else None
         with open(launcher_log_path, "wb") as launcher_log:
             proc = processes.start(command, worker_env, launcher_log)
             try:
-                returncode = processes.wait(proc, timeout)
+                returncode = processes.wait(proc, timeout, on_tick=live_output.poll if live_output else None)
             except BaseException:  # KeyboardInterrupt from the kernel, or anything else
                 with processes.interrupts_ignored():
                     processes.stop_tree(proc)
                 raise
+            finally:
+                if live_output:
+                    live_output.close()
             if returncode is None:
+                stacks, no_stacks = dump_ranks(proc.pid)  # before anything is stopped: where is each rank?
                 stopped = processes.stop_tree(proc)
                 partial = collect(log_dir, launcher_log_path, -9, command)
-                if show:
+                partial.stacks = stacks
+                if show and not (live_output and not live_output.jupyter):
                     print_ranks(partial)
+                places = [f"  rank {rank}: {where(dump, script.name)}" for rank, dump in stacks.items()]
                 raise LaunchError(
-                    f"{script.name} timed out after {timeout:g} s; stopped torchrun and "
-                    f"{stopped} worker process(es). Output so far is in .result.outputs.",
+                    f"{script.name} timed out after {timeout:g} s. Where each rank was:\n"
+                    + "\n".join(places + ([f"  {no_stacks}"] if no_stacks else []))
+                    + f"\nStopped torchrun and {stopped} worker process(es). The full stacks are in"
+                    " .result.stacks, the output so far in .result.outputs.",
                     partial,
                 )
         launch = collect(log_dir, launcher_log_path, returncode, command)
 
-    if show:
+    if show and not (live_output and not live_output.jupyter):  # a terminal has seen the lines already
         print_ranks(launch)
     if returncode != 0:
         raise failure(script, launch)

@@ -37,13 +37,19 @@ def start(command: list[str], env: dict, log_file, stderr=subprocess.STDOUT, cwd
     )
 
 
-def wait(proc: subprocess.Popen, timeout: float | None) -> int | None:
-    """Return torchrun's exit code, or None on timeout. Short waits keep Ctrl-C responsive."""
+def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None) -> int | None:
+    """Return torchrun's exit code, or None on timeout. Short waits keep Ctrl-C responsive;
+    ``on_tick()`` runs between them (the live output)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
-            return proc.wait(timeout=0.1)
+            code = proc.wait(timeout=0.1)
+            if on_tick:
+                on_tick()  # the last lines
+            return code
         except subprocess.TimeoutExpired:
+            if on_tick:
+                on_tick()
             if deadline is not None and time.monotonic() > deadline:
                 return None
 

@@ -30,6 +30,7 @@ class LaunchResult:
     command: list[str] = field(default_factory=list)
     launcher_log: str = ""  # torchrun's own output
     attempts: list[Attempt] = field(default_factory=list)  # every attempt, the last one included
+    stacks: dict[int, str] = field(default_factory=dict)  # after a timeout: each rank's py-spy dump
 
     @property
     def outputs(self) -> dict[int, str]:

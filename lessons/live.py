@@ -1,0 +1,81 @@
+"""What the ranks print, shown while the launch runs (issue: a 2-minute training was a silent cell).
+
+torchrun writes each rank's output to its own file; ``LiveOutput`` reads what is new in those files a few
+times a second and shows it with ``[rankN]`` labels:
+
+* in Jupyter, in one display that is updated in place and emptied when the launch ends, so the cell keeps
+  only the deterministic rank-by-rank output printed afterwards (nbval compares that; it ignores updates);
+* elsewhere (a terminal, a plain ``python`` caller), as lines on stdout, as they come.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+SHOW_LAST_LINES = 30  # the live view in a notebook: the newest lines, like a terminal's screen
+UPDATE_EVERY_S = 0.25
+
+
+def in_jupyter() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+class LiveOutput:
+    def __init__(self, log_dir: str, jupyter: bool | None = None):
+        self.log_dir = Path(log_dir)
+        self.jupyter = in_jupyter() if jupyter is None else jupyter
+        self.offsets: dict[Path, int] = {}
+        self.partial: dict[Path, bytes] = {}
+        self.lines: list[str] = []
+        self.last_update = 0.0
+        self.handle = None
+        if self.jupyter:
+            from IPython.display import display
+            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+
+    def poll(self) -> None:
+        """Read what is new in every rank's files; show complete lines."""
+        new = []
+        for path in sorted(self.log_dir.glob("*/attempt_*/*/std*.log")):
+            rank = path.parent.name
+            if not rank.isdigit():
+                continue
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets.get(path, 0))
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            if not chunk:
+                continue
+            self.offsets[path] = self.offsets.get(path, 0) + len(chunk)
+            *complete, rest = (self.partial.pop(path, b"") + chunk).split(b"\n")
+            if rest:
+                self.partial[path] = rest
+            for raw in complete:
+                line = raw.decode("utf-8", errors="replace").rsplit("\r", 1)[-1]  # a tqdm redraw: its last state
+                new.append(f"[rank{rank}] {line}")
+        if not new:
+            return
+        if self.jupyter:
+            self.lines = (self.lines + new)[-SHOW_LAST_LINES:]
+            if time.monotonic() - self.last_update > UPDATE_EVERY_S:
+                self._show()
+        else:
+            sys.stdout.write("".join(line + "\n" for line in new))
+            sys.stdout.flush()
+
+    def _show(self) -> None:
+        self.handle.update({"text/plain": "running...\n" + "\n".join(self.lines)}, raw=True)
+        self.last_update = time.monotonic()
+
+    def close(self) -> None:
+        """The launch ended: the live view goes; the rank-by-rank output printed next takes its place."""
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)

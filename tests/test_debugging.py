@@ -1,0 +1,61 @@
+"""Lesson 11's launcher: live output while a launch runs, and every rank's stack when it times out."""
+import subprocess
+import sys
+import time
+
+import pytest
+
+import lessons
+import lessons.stacks
+from conftest import FIXTURES
+
+
+def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch_env):
+    caller = subprocess.Popen([sys.executable, "-c", (
+        "import lessons\n"
+        f"lessons.torchrun({str(FIXTURES / 'print_then_wait.py')!r}, nproc=2, timeout=60, env={launch_env!r}, live=True)\n"
+    )], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        seen = []
+        while len(seen) < 2 and time.monotonic() < deadline:  # both ranks' first lines
+            line = caller.stdout.readline()
+            if "tick from rank" in line:
+                seen.append(line.strip())
+        still_running = caller.poll() is None  # the ranks sleep 8 s after their first line
+        rest, _ = caller.communicate(timeout=60)
+    finally:
+        caller.kill()
+    assert sorted(seen) == ["[rank0] tick from rank 0", "[rank1] tick from rank 1"]
+    assert still_running, "the lines came only when the launch had ended"
+    assert "[rank0] done" in rest and caller.returncode == 0
+
+
+@pytest.mark.parametrize("nproc, expected", [
+    (2, {0: "all_reduce \u2190 main (planted_hang.py:14)", 1: "main (planted_hang.py:16): time.sleep(600)"}),
+    (3, {0: "all_reduce \u2190 main (planted_hang.py:14)", 1: "main (planted_hang.py:16): time.sleep(600)",
+         2: "recv \u2190 main (planted_hang.py:18)"}),
+])
+def test_a_timeout_says_where_each_rank_was(nproc, expected, launch_env):
+    with pytest.raises(lessons.LaunchError) as error:
+        lessons.torchrun(FIXTURES / "planted_hang.py", nproc=nproc, timeout=8, env=launch_env, show=False)
+    lines = str(error.value).splitlines()
+    assert lines[0] == "planted_hang.py timed out after 8 s. Where each rank was:"
+    assert lines[1:1 + nproc] == [f"  rank {rank}: {place}" for rank, place in expected.items()]
+    assert sorted(error.value.result.stacks) == list(range(nproc))
+    assert "Thread" in error.value.result.stacks[0]  # the full dump is kept
+
+
+@pytest.mark.parametrize("tool, says", [
+    (None, "no stacks: py-spy is not installed (pip install py-spy)"),
+    ("/bin/false", "py-spy could not dump every rank (it needs ptrace: root, or kernel.yama.ptrace_scope=0): "
+                   "rank 0: exit code 1; rank 1: exit code 1"),
+])
+def test_without_py_spy_the_timeout_says_so_in_one_line_and_still_stops_everything(tool, says, launch_env,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(lessons.stacks, "py_spy", lambda: tool)
+    with pytest.raises(lessons.LaunchError) as error:
+        lessons.torchrun(FIXTURES / "planted_hang.py", nproc=2, timeout=5, env=launch_env, show=False)
+    lines = str(error.value).splitlines()
+    assert lines[1] == f"  {says}" and lines[2].startswith("Stopped torchrun and 2 worker process(es).")
+    # launch_env's teardown asserts that no process is left.
