@@ -57,19 +57,7 @@ def torchrun(
     script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts)
     if launcher not in LAUNCHER_MODULES:
         raise ValueError(f"launcher must be one of {sorted(LAUNCHER_MODULES)}, got {launcher!r}")
-    worker_env = {
-        **os.environ,
-        # torchrun would set 1 anyway and warn about it; we choose it explicitly.
-        "OMP_NUM_THREADS": str(threads_per_rank),
-        "PYTHONUNBUFFERED": "1",  # a rank that crashes has printed what it printed
-        **(env or {}),
-    }
-    worker_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on loopback
-    if max_restarts:
-        # torch 2.14: a restarted group reuses the agent's store, which still holds the first attempt's
-        # gloo addresses; the restart then may fail with "Connection refused" or hang, depending on which
-        # rank reads the store first (measured; lesson 07). With this opt-out each attempt gets a fresh store.
-        worker_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    worker_env = launch_environment(env, threads_per_rank, store_per_round=max_restarts > 0)
 
     with tempfile.TemporaryDirectory(prefix="ddp_lessons_") as log_dir:
         command = [sys.executable, "-m", LAUNCHER_MODULES[launcher],
@@ -81,6 +69,8 @@ def torchrun(
         if live is None:
             live = in_jupyter() or sys.stdout.isatty()
         live_output = LiveOutput(log_dir) if show and live else None
+        # A terminal has seen the lines as they came; a notebook gets them again, rank by rank.
+        print_at_end = show and not (live_output and not live_output.jupyter)
         with open(launcher_log_path, "wb") as launcher_log:
             proc = processes.start(command, worker_env, launcher_log)
             try:
@@ -97,7 +87,7 @@ def torchrun(
                 stopped = processes.stop_tree(proc)
                 partial = collect(log_dir, launcher_log_path, -9, command)
                 partial.stacks = stacks
-                if show and not (live_output and not live_output.jupyter):
+                if print_at_end:
                     print_ranks(partial)
                 places = [f"  rank {rank}: {where(dump, script.name)}" for rank, dump in stacks.items()]
                 raise LaunchError(
@@ -109,11 +99,30 @@ def torchrun(
                 )
         launch = collect(log_dir, launcher_log_path, returncode, command)
 
-    if show and not (live_output and not live_output.jupyter):  # a terminal has seen the lines already
+    if print_at_end:
         print_ranks(launch)
     if returncode != 0:
         raise failure(script, launch)
     return launch
+
+
+def launch_environment(env: dict[str, str] | None, threads_per_rank: int = 1,
+                       store_per_round: bool = False) -> dict[str, str]:
+    """The environment of a torchrun agent and its workers; ``env`` has the last word."""
+    worker_env = {
+        **os.environ,
+        # torchrun would set 1 anyway and warn about it; we choose it explicitly.
+        "OMP_NUM_THREADS": str(threads_per_rank),
+        "PYTHONUNBUFFERED": "1",  # a rank that crashes has printed what it printed
+        **(env or {}),
+    }
+    worker_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on loopback
+    if store_per_round:
+        # torch 2.14: a group that restarts (lesson 07) or re-forms (elastic, lesson 10) reuses the agent's store,
+        # which still holds the last round's keys; the new round may then fail with "Connection refused" or hang
+        # (measured; pytorch/pytorch#135712). With this opt-out each round gets a fresh store.
+        worker_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return worker_env
 
 
 def _torchrun_flags(nproc: int, max_restarts: int) -> list[str]:

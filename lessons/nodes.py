@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import processes
 from .failure import LaunchError, failure
+from .launch import _check_arguments, launch_environment
 from .rank_output import LaunchResult, collect, print_ranks, read
 
 MAX_NODES = 8
@@ -60,16 +61,10 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
     elastic (``--nnodes=MIN:MAX``); with ``join_when``, the later agents start only once node 0's rank 0
     has printed that text, so they join a job that is already running.
     """
-    from .launch import _check_arguments
     script, nproc_per_node, args, timeout = _check_arguments(script, nproc_per_node, args, timeout, 1, 0)
     node_ranks = _check_nodes(nnodes, rendezvous, node_ranks, min_nodes)
     port = free_port()
-    agent_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": "lo",
-                 **(env or {})}
-    if min_nodes:
-        # torch 2.14: when the group re-forms, agents that share the rendezvous store with their workers
-        # wait forever for keys of the new round (measured; pytorch/pytorch#135712). A fresh store per round fixes it.
-        agent_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    agent_env = launch_environment(env, store_per_round=min_nodes is not None)
     flags = [node_flags(rank, nnodes, nproc_per_node, rendezvous, port, min_nodes) for rank in node_ranks]
     launched = NodesResult(command_lines=[shlex.join(["torchrun", *f, str(script), *args]) for f in flags])
 

@@ -15,8 +15,9 @@ import psutil
 import pytest
 
 import lessons
-from conftest import MARKER, ROOT, SCRIPTS, FIXTURES, processes_with
+from conftest import FIXTURES, ROOT, SCRIPTS
 from lessons import slurm
+from lessons.nodes import free_port
 
 
 def test_fork_at_3_ranks_trains_data_parallel(launch_env):
@@ -71,26 +72,16 @@ def test_a_stale_init_file_is_refused_in_one_line_and_a_fresh_one_works(tmp_path
 
 
 def test_a_tcp_address_nobody_listens_on_is_reported_within_the_timeout(launch_env):
-    with socket_nobody_listens_on() as port:
-        start = time.monotonic()
-        with pytest.raises(lessons.LaunchError) as error:
-            lessons.run_python(SCRIPTS / "init_methods.py", ["--init-method", "tcp", "--address", f"127.0.0.1:{port}",
-                                                             "--ranks", "1", "--timeout", "2"],
-                               env=launch_env, show=False, timeout=60)
-        elapsed = time.monotonic() - start
+    port = free_port()  # free a moment ago: nobody listens there
+    start = time.monotonic()
+    with pytest.raises(lessons.LaunchError) as error:
+        lessons.run_python(SCRIPTS / "init_methods.py", ["--init-method", "tcp", "--address", f"127.0.0.1:{port}",
+                                                         "--ranks", "1", "--timeout", "2"],
+                           env=launch_env, show=False, timeout=60)
+    elapsed = time.monotonic() - start
     assert str(error.value).endswith("did not meet within 2 s (is every rank started, "
                                                      "and is the address one they all reach?)")
     assert elapsed < 2 + 5  # the timeout, plus starting Python and importing torch
-
-
-class socket_nobody_listens_on:
-    """A port that was free a moment ago: bound, then closed."""
-    def __enter__(self):
-        from lessons.nodes import free_port
-        return free_port()
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_2_nodes_of_3_processes_number_their_ranks(launch_env):
@@ -169,7 +160,7 @@ def test_the_sbatch_templates_run_under_a_real_slurm(slurm_cluster, tmp_path, te
     job = tmp_path / template
     job.write_text(slurm.render_for_cpu((SCRIPTS / "slurm" / template).read_text(), procs_per_node, cpus_per_task))
     env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
-           "MASTER_PORT": str(lessons.nodes.free_port()), "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
     job_id = slurm.submit(job, cwd=ROOT, env=env)
     state = slurm.wait(job_id, timeout=90, env=env)
     output = (ROOT / f"{state['JobName']}-{job_id}.out")
