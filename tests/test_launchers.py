@@ -36,8 +36,15 @@ def test_spawn_at_1_rank(launch_env):
 def test_legacy_launcher_passes_local_rank_and_warns(launch_env):
     run = lessons.torchrun(SCRIPTS / "launch_legacy.py", nproc=1, launcher="torch.distributed.launch",
                            env=launch_env, show=False, timeout=60)
-    assert "FutureWarning" in run.launcher_log and "--local-rank=0" in " ".join(run.command + ["--local-rank=0"])
+    assert "FutureWarning" in run.launcher_log
     assert run.result["launcher"] == "torch.distributed.launch" and "LOCAL_RANK" in run.result["environment"]
+
+
+def test_legacy_launcher_passes_the_new_spelling_which_an_old_parser_rejects(launch_env):
+    with pytest.raises(lessons.LaunchError) as error:
+        lessons.torchrun(SCRIPTS / "launch_legacy_broken.py", nproc=1, launcher="torch.distributed.launch",
+                         env=launch_env, show=False, timeout=60)
+    assert error.value.root_cause == "launch_legacy_broken.py: error: unrecognized arguments: --local-rank=0"
 
 
 def test_unknown_launcher_is_refused_in_one_line():
