@@ -1,9 +1,10 @@
-"""One collective at a time: every rank prints its tensor before and after.
+"""The collectives, one after another: every rank prints its tensor before and after each.
 
     torchrun --standalone --nproc-per-node=4 ddp_scripts/collectives.py --op all_reduce
+    torchrun --standalone --nproc-per-node=3 ddp_scripts/collectives.py --op send_recv broadcast reduce
 
-Rank r starts with [r+1, r+1] (rank 0 holds [1, 1], rank 1 [2, 2], ...), so you can
-read off the result which ranks' data went where.
+Before each collective, rank r starts again from [r+1, r+1] (rank 0 holds [1, 1], rank 1
+[2, 2], ...), so you can read off the result which ranks' data went where.
 """
 import argparse
 import json
@@ -50,26 +51,27 @@ def run_collective(op: str, mine: torch.Tensor) -> torch.Tensor:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--op", choices=OPS, required=True)
+    parser.add_argument("--op", choices=OPS, nargs="+", required=True, help="one or more, run in this order")
     args = parser.parse_args()
 
     backend, device = backend_and_device()
     dist.init_process_group(backend)
     rank, n = dist.get_rank(), dist.get_world_size()
-    if args.op == "send_recv" and n < 2:
+    if "send_recv" in args.op and n < 2:
         raise SystemExit("send_recv needs at least 2 ranks")
 
-    mine = torch.full((2,), float(rank + 1), device=device)
-    before = mine.tolist()
-    after = run_collective(args.op, mine).tolist()
-    print(f"rank {rank}: before {before}  after {after}")
-
-    everyone = [None] * n
-    dist.all_gather_object(everyone, {"before": before, "after": after})
+    results = []
+    for op in args.op:
+        mine = torch.full((2,), float(rank + 1), device=device)  # a fresh start for each collective
+        before = mine.tolist()
+        after = run_collective(op, mine).tolist()
+        print(f"{op:>14}: rank {rank}: before {before}  after {after}")
+        everyone = [None] * n
+        dist.all_gather_object(everyone, {"before": before, "after": after})
+        results.append({"op": op, "world_size": n,
+                        "before": [e["before"] for e in everyone], "after": [e["after"] for e in everyone]})
     if rank == 0:
-        print("RESULT " + json.dumps({"op": args.op, "world_size": n,
-                                      "before": [e["before"] for e in everyone],
-                                      "after": [e["after"] for e in everyone]}))
+        print("RESULT " + json.dumps({"world_size": n, "collectives": results}))
     dist.destroy_process_group()
 
 
