@@ -62,7 +62,11 @@ def main():
     elif args.init_method == "tcp":
         init_method = "tcp://" + (args.address or f"127.0.0.1:{free_port()}")
     else:
-        path = args.file or os.path.join(tempfile.mkdtemp(prefix="init_"), "init")
+        if args.file:
+            path = args.file
+        else:  # a fresh directory, removed when this script exits (the ranks are forked and exit with os._exit)
+            own_dir = tempfile.TemporaryDirectory(prefix="init_")
+            path = os.path.join(own_dir.name, "init")
         init_method = "file://" + os.path.abspath(path)
 
     ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(range(args.world_size))

@@ -1,4 +1,5 @@
 """lessons.torchrun: results, failures with their root cause, timeouts, interrupts, bad input."""
+import os
 import signal
 import subprocess
 import sys
@@ -122,11 +123,13 @@ def test_command_line_for_a_terminal():
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun " in lessons.command_line("x.py", max_restarts=2)
 
 
-def test_a_killed_kernel_takes_the_launch_with_it(launch_env):
-    """The kernel process dies (Restart kernel, OOM killer): torchrun gets SIGTERM and stops its workers."""
+def test_a_killed_kernel_takes_the_launch_with_it(launch_env, tmp_path):
+    """The kernel process dies (Restart kernel, OOM killer): torchrun gets SIGTERM and stops its workers.
+    A killed kernel cannot remove the launch's log directory: TMPDIR puts it in tmp_path, not in /tmp."""
     kernel = subprocess.Popen([sys.executable, "-c", (
         "import sys, lessons; "
-        f"lessons.torchrun({str(FIXTURES / 'hang.py')!r}, nproc=2, timeout=120, env={launch_env!r})")])
+        f"lessons.torchrun({str(FIXTURES / 'hang.py')!r}, nproc=2, timeout=120, env={launch_env!r})")],
+        env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         deadline = time.monotonic() + 60
         while len(processes_with(launch_env[MARKER])) < 3:  # torchrun and its 2 workers
