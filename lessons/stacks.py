@@ -2,6 +2,7 @@
 launch is stopped (``py-spy dump --pid``; it needs ptrace, which root has)."""
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -12,6 +13,9 @@ import psutil
 
 DUMP_TIMEOUT_S = 10.0
 _FRAME = re.compile(r"^\s+(\S+) \((.+):(\d+)\)$")  # py-spy: "    main (hang.py:14)"
+# py-spy colours its output when CLICOLOR_FORCE is set, and a Jupyter kernel sets it: the dump is run
+# without it, and any colour codes left are removed.
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def py_spy() -> str | None:
@@ -42,15 +46,16 @@ def dump_ranks(launcher_pid: int) -> tuple[dict[int, str], str | None]:
     if tool is None:
         return {}, "no stacks: py-spy is not installed (pip install py-spy)"
     dumps, failures = {}, []
+    without_colour = {**{k: v for k, v in os.environ.items() if k != "CLICOLOR_FORCE"}, "NO_COLOR": "1"}
     for rank, pid in worker_ranks(launcher_pid).items():
         try:
             done = subprocess.run([tool, "dump", "--full-filenames", "--pid", str(pid)], capture_output=True, text=True,
-                                  timeout=DUMP_TIMEOUT_S)
+                                  timeout=DUMP_TIMEOUT_S, env=without_colour)
         except subprocess.TimeoutExpired:
             failures.append(f"rank {rank}: py-spy took over {DUMP_TIMEOUT_S:g} s")
             continue
         if done.returncode == 0:
-            dumps[rank] = done.stdout
+            dumps[rank] = _COLOUR.sub("", done.stdout)
         else:
             reason = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
             failures.append(f"rank {rank}: {reason}")
