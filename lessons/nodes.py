@@ -53,17 +53,22 @@ def node_flags(node: int, nnodes: int, nproc_per_node: int, rendezvous: str, por
 def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: int = 2, args: tuple | list = (),
                    rendezvous: str = "c10d", node_ranks: list[int] | None = None, min_nodes: int | None = None,
                    join_when: str | None = None, timeout: float | None = 120, show: bool = True,
-                   env: dict[str, str] | None = None) -> NodesResult:
+                   env: dict[str, str] | None = None, port: int | None = None) -> NodesResult:
     """Start ``nnodes`` torchrun agents, as ``nnodes`` machines would, and collect every rank.
 
     ``rendezvous="c10d"``: the agents meet at a store and it numbers the nodes; ``"static"``: each agent is
     given ``--node-rank`` (``node_ranks``, default 0, 1, ...) and node 0's address. ``min_nodes`` makes the job
     elastic (``--nnodes=MIN:MAX``); with ``join_when``, the later agents start only once node 0's rank 0
-    has printed that text, so they join a job that is already running.
+    has printed that text, so they join a job that is already running. ``port``: the rendezvous port
+    (default: one that is free now); 0 lets the c10d store pick one, which works on one node only.
     """
     script, nproc_per_node, args, timeout = _check_arguments(script, nproc_per_node, args, timeout, 1, 0)
     node_ranks = _check_nodes(nnodes, rendezvous, node_ranks, min_nodes)
-    port = free_port()
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
+        raise ValueError(f"port must be an int from 0 to 65535, got {port!r}")
+    if port == 0 and (nnodes > 1 or rendezvous != "c10d"):
+        raise ValueError("port 0 works only for one node with rendezvous='c10d': other nodes could not know the port")
+    port = free_port() if port is None else port
     agent_env = launch_environment(env, store_per_round=min_nodes is not None)
     flags = [node_flags(rank, nnodes, nproc_per_node, rendezvous, port, min_nodes) for rank in node_ranks]
     launched = NodesResult(command_lines=[shlex.join(["torchrun", *f, str(script), *args]) for f in flags])

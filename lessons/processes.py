@@ -120,3 +120,19 @@ def child_stderr():
             os.close(saved_fd)
             file.seek(0)
             captured.text = file.read()
+
+
+def running(script: str) -> list[tuple[int, str]]:
+    """What is running this script now: (pid, "torchrun agent" or "rank N") for each process (lesson 11)."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if not any(part.endswith(script) for part in cmdline):
+            continue
+        try:
+            rank = proc.environ().get("RANK")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            rank = None
+        role = "torchrun agent" if "torch.distributed.run" in cmdline else f"rank {rank}"
+        found.append((proc.info["pid"], role))
+    return sorted(found, key=lambda pid_role: pid_role[1])

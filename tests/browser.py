@@ -107,7 +107,8 @@ def open_notebook(page, url: str, token: str, notebook: str) -> None:
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
 
 
-def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 900) -> None:
+def start_run_all(page, url: str, token: str, notebook: str) -> None:
+    """Open a notebook as a learner does, clear its outputs, and press Run All (without waiting for the end)."""
     open_notebook(page, url, token, notebook)
     # The toolbar's kernel indicator says "idle" for a moment before any kernel exists (measured: 0.25 s
     # on a quiet machine), and Run All in that moment runs nothing. Wait for the kernel itself.
@@ -115,6 +116,10 @@ def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 9
     run_command(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(f"document.querySelectorAll('{PANEL} .jp-OutputArea-output').length === 0")
     run_command(page, "Run", "runmenu:run-all")
+
+
+def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 900) -> None:
+    start_run_all(page, url, token, notebook)
     # Done when every code cell shows an execution count, [n], and the kernel is idle again.
     done = """() => {
         const prompts = [...document.querySelectorAll('PANEL .jp-CodeCell .jp-InputPrompt')];

@@ -1,6 +1,8 @@
-"""The JupyterLab walkthrough in a real browser: every notebook opened and looked at; those with widgets run.
+"""The JupyterLab walkthrough in a real browser: every notebook opened and looked at; those with widgets run;
+one launch watched while it runs (its live output).
 
-nbval runs kernels, not the browser: only this shows that outputs render and that widgets respond.
+nbval runs kernels, not the browser: only this shows that outputs render, that widgets respond, and that a
+launch's lines appear while it runs (nbval sees only a cell's final output).
 nbval already executes every notebook, so the browser runs only what nbval cannot check.
 Screenshots land in artifacts/screenshots/.
 """
@@ -8,12 +10,15 @@ import importlib.util
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
+import nbformat
 import pytest
 
-from browser import CHROMIUM, PANEL, chromium, jupyterlab, open_notebook, problems_on_page, responds, run_notebook
-from conftest import ROOT
+from browser import (CHROMIUM, PANEL, chromium, jupyterlab, open_notebook, problems_on_page, responds, run_notebook,
+                     start_run_all)
+from conftest import FIXTURES, ROOT
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -52,12 +57,18 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def course_lab(tmp_path_factory):
-    """JupyterLab on a copy of the course, so that running it cannot rewrite committed files."""
+def course_copy(tmp_path_factory):
+    """A copy of the course, so that running it cannot rewrite committed files."""
     root = tmp_path_factory.mktemp("course")
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
     shutil.copytree(ROOT / "ddp_scripts", root / "ddp_scripts", ignore=shutil.ignore_patterns("__pycache__"))
-    with jupyterlab(root) as lab:
+    return root
+
+
+@pytest.fixture(scope="module")
+def course_lab(course_copy):
+    """JupyterLab on the copy of the course."""
+    with jupyterlab(course_copy) as lab:
         yield lab
 
 
@@ -121,3 +132,35 @@ def test_a_broken_widget_fails_these_checks(browser, tmp_path):
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOTS / "broken_control.png"))
             page.close()
+
+
+def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, course_copy):
+    """Lesson 11's live output, as a learner sees it: each rank's first line appears while the cell still runs
+    (prompt [*]); when the launch ends, the cell holds the usual rank-by-rank output, each line once."""
+    url, token = course_lab
+    shutil.copy(FIXTURES / "print_then_wait.py", course_copy / "print_then_wait.py")  # a line, then 8 s of work
+    cell = nbformat.v4.new_code_cell('import lessons\nrun = lessons.torchrun("../print_then_wait.py", nproc=2, timeout=60)')
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=kernel), course_copy / "notebooks" / "live_output.ipynb")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    cell_state = """() => {
+        const cell = document.querySelector('PANEL .jp-CodeCell');
+        return [cell.querySelector('.jp-InputPrompt').innerText, cell.querySelector('.jp-OutputArea').innerText];
+    }""".replace("PANEL", PANEL)
+    try:
+        start_run_all(page, url, token, "notebooks/live_output.ipynb")
+        deadline, seen = time.monotonic() + 60, None
+        while time.monotonic() < deadline:
+            prompt, text = page.evaluate(cell_state)
+            if "tick from rank 0" in text and "tick from rank 1" in text:
+                seen = prompt
+                break
+            time.sleep(0.2)
+        assert seen is not None, "the ranks' lines never appeared"
+        assert "*" in seen, f"the lines appeared only when the launch had ended (prompt {seen})"
+        page.wait_for_function(f"({cell_state})()[0].includes('[1]')", timeout=60_000, polling=500)
+        prompt, text = page.evaluate(cell_state)
+        assert text.count("tick from rank 0") == 1 and "[rank0] done" in text, text  # the live lines, replaced
+        assert problems_on_page(page) == []
+    finally:
+        screenshot(page, "live_output.ipynb")

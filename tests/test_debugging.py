@@ -1,4 +1,5 @@
-"""Lesson 11's launcher: live output while a launch runs, and every rank's stack when it times out."""
+"""Lesson 11: the launcher (live output while a launch runs, every rank's stack when it times out) and the
+failure catalogue at sizes the notebook does not run."""
 import subprocess
 import sys
 import time
@@ -7,7 +8,7 @@ import pytest
 
 import lessons
 import lessons.stacks
-from conftest import FIXTURES
+from conftest import FIXTURES, SCRIPTS
 
 
 def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch_env):
@@ -36,7 +37,8 @@ def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch
     (3, {0: "all_reduce \u2190 main (planted_hang.py:14)", 1: "main (planted_hang.py:16): time.sleep(600)",
          2: "recv \u2190 main (planted_hang.py:18)"}),
 ])
-def test_a_timeout_says_where_each_rank_was(nproc, expected, launch_env):
+def test_a_timeout_says_where_each_rank_was(nproc, expected, launch_env, monkeypatch):
+    monkeypatch.setenv("CLICOLOR_FORCE", "1")  # as in a Jupyter kernel: py-spy would colour its dump
     with pytest.raises(lessons.LaunchError) as error:
         lessons.torchrun(FIXTURES / "planted_hang.py", nproc=nproc, timeout=8, env=launch_env, show=False)
     lines = str(error.value).splitlines()
@@ -59,3 +61,33 @@ def test_without_py_spy_the_timeout_says_so_in_one_line_and_still_stops_everythi
     lines = str(error.value).splitlines()
     assert lines[1] == f"  {says}" and lines[2].startswith("Stopped torchrun and 2 worker process(es).")
     # launch_env's teardown asserts that no process is left.
+
+
+# Lesson 11's failure catalogue, at sizes the notebook does not run. Each launch carries the launch_env
+# marker, whose teardown fails on any process left behind.
+
+def test_join_fixes_uneven_inputs_on_3_ranks(launch_env):
+    """Ranks with 3, 4 and 5 batches: with Join, equal weights, and the one-process schedule's."""
+    run = lessons.torchrun(SCRIPTS / "uneven_inputs.py", nproc=3, args=["--join"], timeout=60, env=launch_env,
+                           show=False)
+    assert run.result == {"batches_per_rank": [3, 4, 5], "weights_equal_on_every_rank": True,
+                          "matches_one_process": True}
+
+
+def test_detail_does_not_fire_when_the_collectives_match(launch_env):
+    """The control for the notebook's mismatches: DETAIL's own check passes when nothing differs."""
+    run = lessons.torchrun(SCRIPTS / "mismatched_collectives.py", nproc=2, args=["--mismatch", "none"], timeout=60,
+                           env={**launch_env, "TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, show=False)
+    assert run.stdout == {0: "rank 0: done\n", 1: "rank 1: done\n"}
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    ({"port": -1}, "port must be an int from 0 to 65535, got -1"),
+    ({"port": "29500"}, "port must be an int from 0 to 65535, got '29500'"),
+    ({"port": 0, "nnodes": 2}, "port 0 works only for one node with rendezvous='c10d'"),
+    ({"port": 0, "nnodes": 1, "rendezvous": "static"}, "port 0 works only for one node with rendezvous='c10d'"),
+])
+def test_a_bad_rendezvous_port_is_refused_in_one_line(kwargs, text):
+    with pytest.raises(ValueError) as refused:
+        lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", show=False, **kwargs)
+    assert text in str(refused.value) and "\n" not in str(refused.value)
