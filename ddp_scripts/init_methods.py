@@ -91,6 +91,10 @@ def main():
         sys.exit(f"rank {ranks[e.error_index]} exited with code {e.exit_code}")
     except mp.ProcessRaisedException as e:  # the child's traceback is in str(e); its last line says why
         sys.exit(f"{init_method} failed: {str(e).strip().splitlines()[-1]}" + (STALE if stale else ""))
+    finally:  # a rank that raised wrote its traceback to a file in /tmp, and torch leaves that file there
+        for error_file in ranks_running.error_files:
+            if os.path.exists(error_file):
+                os.remove(error_file)
 
 if __name__ == "__main__":
     main()

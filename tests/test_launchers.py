@@ -167,7 +167,8 @@ def test_the_sbatch_templates_run_under_a_real_slurm(slurm_cluster, tmp_path, te
     job = tmp_path / template
     job.write_text(slurm.render_for_cpu((SCRIPTS / "slurm" / template).read_text(), procs_per_node, cpus_per_task))
     env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
-           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+           "TMPDIR": str(tmp_path)}  # torchrun without --log-dir leaves a torchelastic_* directory in TMPDIR
     job_id = slurm.submit(job, cwd=ROOT, env=env)
     state = slurm.wait(job_id, timeout=90, env=env)
     output = (ROOT / f"{state['JobName']}-{job_id}.out")
