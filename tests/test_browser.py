@@ -138,7 +138,7 @@ def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, cours
     """Lesson 11's live output, as a learner sees it: each rank's first line appears while the cell still runs
     (prompt [*]); when the launch ends, the cell holds the usual rank-by-rank output, each line once."""
     url, token = course_lab
-    shutil.copy(FIXTURES / "print_then_wait.py", course_copy / "print_then_wait.py")  # a line, then 8 s of work
+    shutil.copy(FIXTURES / "print_then_wait.py", course_copy / "print_then_wait.py")  # a line, then 4 s of work
     cell = nbformat.v4.new_code_cell('import lessons\nrun = lessons.torchrun("../print_then_wait.py", nproc=2, timeout=60)')
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=kernel), course_copy / "notebooks" / "live_output.ipynb")

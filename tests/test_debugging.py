@@ -23,7 +23,7 @@ def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch
             line = caller.stdout.readline()
             if "tick from rank" in line:
                 seen.append(line.strip())
-        still_running = caller.poll() is None  # the ranks sleep 8 s after their first line
+        still_running = caller.poll() is None  # the ranks sleep 4 s after their first line
         rest, _ = caller.communicate(timeout=60)
     finally:
         caller.kill()
