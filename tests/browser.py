@@ -149,14 +149,14 @@ def problems_on_page(page) -> list[str]:
     return found
 
 
-def responds(page, control: int, watched: str) -> bool:
+def responds(page, control: int, watched: str, timeout_ms: int = 10_000) -> bool:
     """Press → on slider number `control` of the first widget; does the `watched` element's text change?"""
     before = page.inner_text(watched)
     handle = page.locator(f"{PANEL} .jp-OutputArea-output .widget-slider .noUi-handle").nth(control)
     handle.focus()
     handle.press("ArrowRight")
     try:
-        page.wait_for_function(f"document.querySelector({watched!r}).innerText !== {before!r}", timeout=10_000)
+        page.wait_for_function(f"document.querySelector({watched!r}).innerText !== {before!r}", timeout=timeout_ms)
         return True
     except Exception:
         return False
