@@ -40,6 +40,7 @@ def main():
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8)).to(device))
     model(torch.randn(4, 8, device=device)).sum().backward()  # one training step's forward and backward
+    print(f"rank {rank}: trained one step", flush=True)
 
     try:
         if rank == 0:  # the bug: evaluation on rank 0 only, through the DDP wrapper

@@ -9,7 +9,8 @@ script and runs it here, through torchrun itself (``python -m torch.distributed.
 * a failing rank raises ``LaunchError`` that leads with *that rank's* traceback (failure.py);
 * while it runs, the ranks' lines are shown as they come (live.py);
 * a timeout first takes every rank's Python stack with py-spy (stacks.py), then stops torchrun **and**
-  its workers (processes.py);
+  its workers (processes.py); with ``timeout_from=`` it counts from a line every rank prints, so a planted
+  hang can get a short timeout that the ranks' start-up (three imports of torch) does not eat into;
 * ``max_restarts=`` is torchrun's ``--max-restarts``; each attempt's output is kept apart.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from . import processes
 from .failure import LaunchError, failure
-from .live import LiveOutput, in_jupyter
+from .live import LiveOutput, RankLines, StartLine, in_jupyter
 from .stacks import dump_ranks, where
 from .processes import STOP_GRACE_S  # noqa: F401  (tests read it from here)
 from .rank_output import LaunchResult, as_terminal_shows, collect, parse_result, print_ranks
@@ -31,6 +32,7 @@ __all__ = ["LaunchError", "LaunchResult", "as_terminal_shows", "command_line", "
 
 MAX_NPROC = 32  # more ranks than this on one machine is a typo, not a lesson
 MAX_RESTARTS = 10
+START_LIMIT_S = 120  # with timeout_from=: how long the ranks get to print the start line
 # torchrun itself, and the deprecated launcher that wraps it (it adds --local-rank=N to the script's arguments).
 LAUNCHER_MODULES = {"torchrun": "torch.distributed.run", "torch.distributed.launch": "torch.distributed.launch"}
 
@@ -46,6 +48,7 @@ def torchrun(
     max_restarts: int = 0,
     launcher: str = "torchrun",
     live: bool | None = None,
+    timeout_from: str | None = None,
 ) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node=NPROC SCRIPT ARGS`` and collect each rank.
 
@@ -53,8 +56,12 @@ def torchrun(
     ``KeyboardInterrupt`` (the kernel's stop button) stops every process of the launch and is re-raised.
     ``launcher="torch.distributed.launch"`` runs the deprecated launcher instead (lesson 10).
     ``live``: show the ranks' lines while the launch runs; by default in Jupyter and in a terminal.
+    ``timeout_from``: the timeout counts from the moment every rank has printed a line containing this text
+    (until then the launch gets START_LIMIT_S seconds). For a hang on purpose: the time to start doesn't count.
     """
     script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts)
+    if timeout_from is not None and (not isinstance(timeout_from, str) or not timeout_from or timeout is None):
+        raise ValueError(f"timeout_from must be a non-empty line of text, with a timeout, got {timeout_from!r}")
     if launcher not in LAUNCHER_MODULES:
         raise ValueError(f"launcher must be one of {sorted(LAUNCHER_MODULES)}, got {launcher!r}")
     worker_env = launch_environment(env, threads_per_rank, store_per_round=max_restarts > 0)
@@ -68,13 +75,24 @@ def torchrun(
         launcher_log_path = Path(log_dir) / "torchrun.log"
         if live is None:
             live = in_jupyter() or sys.stdout.isatty()
-        live_output = LiveOutput(log_dir) if show and live else None
+        live_output = LiveOutput() if show and live else None
+        rank_lines = RankLines(log_dir)
+        start_line = StartLine(timeout_from, nproc) if timeout_from else None
+
+        def on_tick():
+            lines = rank_lines.read() if live_output or start_line else []
+            if live_output:
+                live_output.show(lines)
+            if start_line:
+                start_line.see(lines)
         # A terminal has seen the lines as they came; a notebook gets them again, rank by rank.
         print_at_end = show and not (live_output and not live_output.jupyter)
         with open(launcher_log_path, "wb") as launcher_log:
             proc = processes.start(command, worker_env, launcher_log)
             try:
-                returncode = processes.wait(proc, timeout, on_tick=live_output.poll if live_output else None)
+                returncode = processes.wait(proc, timeout, on_tick=on_tick,
+                                            clock_start=(lambda: start_line.at) if start_line else None,
+                                            start_limit=START_LIMIT_S)
             except BaseException:  # KeyboardInterrupt from the kernel, or anything else
                 with processes.interrupts_ignored():
                     processes.stop_tree(proc)
@@ -90,8 +108,17 @@ def torchrun(
                 if print_at_end:
                     print_ranks(partial)
                 places = [f"  rank {rank}: {where(dump, script.name)}" for rank, dump in stacks.items()]
+                if not start_line:
+                    what = f"{script.name} timed out after {timeout:g} s."
+                elif start_line.at is not None:
+                    what = f"{script.name} timed out {timeout:g} s after every rank printed {timeout_from!r}."
+                else:
+                    missing = start_line.missing()
+                    what = (f"{script.name} timed out: not every rank printed {timeout_from!r} within"
+                            f" {START_LIMIT_S:g} s ({'rank' if len(missing) == 1 else 'ranks'}"
+                            f" {', '.join(map(str, missing))} did not).")
                 raise LaunchError(
-                    f"{script.name} timed out after {timeout:g} s. Where each rank was:\n"
+                    f"{what} Where each rank was:\n"
                     + "\n".join(places + ([f"  {no_stacks}"] if no_stacks else []))
                     + f"\nStopped torchrun and {stopped} worker process(es). The full stacks are in"
                     " .result.stacks, the output so far in .result.outputs.",

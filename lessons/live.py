@@ -1,11 +1,14 @@
-"""What the ranks print, shown while the launch runs (issue: a 2-minute training was a silent cell).
+"""What the ranks print, read while the launch runs: shown live, and watched for a start line.
 
-torchrun writes each rank's output to its own file; ``LiveOutput`` reads what is new in those files a few
-times a second and shows it with ``[rankN]`` labels:
+torchrun writes each rank's output to its own file. ``RankLines`` reads what is new in those files;
+the launcher polls it a few times a second and hands the lines to:
 
-* in Jupyter, in one display that is updated in place and emptied when the launch ends, so the cell keeps
+* ``LiveOutput`` (issue: a 2-minute training was a silent cell), which shows them with ``[rankN]`` labels:
+  in Jupyter, in one display that is updated in place and emptied when the launch ends, so the cell keeps
   only the deterministic rank-by-rank output printed afterwards (nbval compares that; it ignores updates);
-* elsewhere (a terminal, a plain ``python`` caller), as lines on stdout, as they come.
+  elsewhere (a terminal, a plain ``python`` caller), as lines on stdout, as they come;
+* ``StartLine``, the clock of ``torchrun(timeout_from=...)``: it notes when every rank has printed a line
+  containing a given text, so a planted hang's timeout does not include the time the ranks took to start.
 """
 from __future__ import annotations
 
@@ -26,21 +29,15 @@ def in_jupyter() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-class LiveOutput:
-    def __init__(self, log_dir: str, jupyter: bool | None = None):
+class RankLines:
+    """The complete lines each rank has written since the last ``read()``: (attempt, rank, line)."""
+
+    def __init__(self, log_dir: str):
         self.log_dir = Path(log_dir)
-        self.jupyter = in_jupyter() if jupyter is None else jupyter
         self.offsets: dict[Path, int] = {}
         self.partial: dict[Path, bytes] = {}
-        self.lines: list[str] = []
-        self.last_update = 0.0
-        self.handle = None
-        if self.jupyter:
-            from IPython.display import display
-            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
-    def poll(self) -> None:
-        """Read what is new in every rank's files; show complete lines."""
+    def read(self) -> list[tuple[str, int, str]]:
         new = []
         for path in sorted(self.log_dir.glob("*/attempt_*/*/std*.log")):
             rank = path.parent.name
@@ -60,7 +57,22 @@ class LiveOutput:
                 self.partial[path] = rest
             for raw in complete:
                 line = raw.decode("utf-8", errors="replace").rsplit("\r", 1)[-1]  # a tqdm redraw: its last state
-                new.append(f"[rank{rank}] {line}")
+                new.append((path.parent.parent.name, int(rank), line))
+        return new
+
+
+class LiveOutput:
+    def __init__(self, jupyter: bool | None = None):
+        self.jupyter = in_jupyter() if jupyter is None else jupyter
+        self.lines: list[str] = []
+        self.last_update = 0.0
+        self.handle = None
+        if self.jupyter:
+            from IPython.display import display
+            self.handle = display({"text/plain": ""}, raw=True, display_id=True)
+
+    def show(self, lines: list[tuple[str, int, str]]) -> None:
+        new = [f"[rank{rank}] {line}" for _, rank, line in lines]
         if not new:
             return
         if self.jupyter:
@@ -79,3 +91,26 @@ class LiveOutput:
         """The launch ended: the live view goes; the rank-by-rank output printed next takes its place."""
         if self.handle is not None:
             self.handle.update({"text/plain": ""}, raw=True)
+
+
+class StartLine:
+    """When has every rank of one attempt printed a line that contains ``text``? ``at`` is that moment
+    (time.monotonic()), or None while some rank has not."""
+
+    def __init__(self, text: str, nproc: int):
+        self.text, self.nproc = text, nproc
+        self.seen: dict[str, set[int]] = {}  # attempt -> ranks that printed it
+        self.at: float | None = None
+
+    def see(self, lines: list[tuple[str, int, str]]) -> None:
+        for attempt, rank, line in lines:
+            if self.text in line:
+                ranks = self.seen.setdefault(attempt, set())
+                ranks.add(rank)
+                if self.at is None and len(ranks) == self.nproc:
+                    self.at = time.monotonic()
+
+    def missing(self) -> list[int]:
+        """The ranks that have not printed it (in the attempt that got furthest)."""
+        most = max(self.seen.values(), key=len, default=set())
+        return [rank for rank in range(self.nproc) if rank not in most]

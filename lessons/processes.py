@@ -37,10 +37,13 @@ def start(command: list[str], env: dict, log_file, stderr=subprocess.STDOUT, cwd
     )
 
 
-def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None) -> int | None:
+def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None, clock_start=None,
+         start_limit: float | None = None) -> int | None:
     """Return torchrun's exit code, or None on timeout. Short waits keep Ctrl-C responsive;
-    ``on_tick()`` runs between them (the live output)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    ``on_tick()`` runs between them (the live output). With ``clock_start`` (a function that gives the
+    time.monotonic() at which the timeout starts counting, or None until then), the timeout counts from that
+    moment, and until it comes the launch gets ``start_limit`` seconds."""
+    began = time.monotonic()
     while True:
         try:
             code = proc.wait(timeout=0.1)
@@ -50,7 +53,11 @@ def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None) -> int | N
         except subprocess.TimeoutExpired:
             if on_tick:
                 on_tick()
-            if deadline is not None and time.monotonic() > deadline:
+            started = began if clock_start is None else clock_start()
+            if started is None:
+                if start_limit is not None and time.monotonic() > began + start_limit:
+                    return None
+            elif timeout is not None and time.monotonic() > started + timeout:
                 return None
 
 

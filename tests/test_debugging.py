@@ -40,9 +40,10 @@ def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch
 def test_a_timeout_says_where_each_rank_was(nproc, expected, launch_env, monkeypatch):
     monkeypatch.setenv("CLICOLOR_FORCE", "1")  # as in a Jupyter kernel: py-spy would colour its dump
     with pytest.raises(lessons.LaunchError) as error:
-        lessons.torchrun(FIXTURES / "planted_hang.py", nproc=nproc, timeout=8, env=launch_env, show=False)
+        lessons.torchrun(FIXTURES / "planted_hang.py", nproc=nproc, timeout=1, timeout_from="about to hang",
+                         env=launch_env, show=False)
     lines = str(error.value).splitlines()
-    assert lines[0] == "planted_hang.py timed out after 8 s. Where each rank was:"
+    assert lines[0] == "planted_hang.py timed out 1 s after every rank printed 'about to hang'. Where each rank was:"
     assert lines[1:1 + nproc] == [f"  rank {rank}: {place}" for rank, place in expected.items()]
     assert sorted(error.value.result.stacks) == list(range(nproc))
     assert "Thread" in error.value.result.stacks[0]  # the full dump is kept
@@ -57,7 +58,8 @@ def test_without_py_spy_the_timeout_says_so_in_one_line_and_still_stops_everythi
                                                                                  monkeypatch):
     monkeypatch.setattr(lessons.stacks, "py_spy", lambda: tool)
     with pytest.raises(lessons.LaunchError) as error:
-        lessons.torchrun(FIXTURES / "planted_hang.py", nproc=2, timeout=5, env=launch_env, show=False)
+        lessons.torchrun(FIXTURES / "planted_hang.py", nproc=2, timeout=1, timeout_from="about to hang",
+                         env=launch_env, show=False)
     lines = str(error.value).splitlines()
     assert lines[1] == f"  {says}" and lines[2].startswith("Stopped torchrun and 2 worker process(es).")
     # launch_env's teardown asserts that no process is left.

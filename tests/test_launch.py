@@ -32,20 +32,55 @@ def test_rank_killed_by_a_signal_is_named(launch_env):
         lessons.torchrun(FIXTURES / "abort_rank0.py", nproc=2, env=launch_env, show=False)
 
 
-@pytest.mark.parametrize("extra", [[], ["--ignore-sigterm"]], ids=["hang", "hang-ignoring-sigterm"])
-def test_timeout_stops_every_process(launch_env, extra):
+def test_timeout_stops_every_process(launch_env):
     start = time.monotonic()
     with pytest.raises(lessons.LaunchError, match=r"(?s)timed out after 8 s\. Where each rank was:.*Stopped torchrun and 2 worker"):
-        lessons.torchrun(FIXTURES / "hang.py", nproc=2, args=extra, timeout=8, env=launch_env, show=False)
-    # Workers that ignore SIGTERM get SIGKILL after the grace period; nobody waits 30 s.
+        lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=8, env=launch_env, show=False)
     assert time.monotonic() - start < 8 + 2 * lessons.launch.STOP_GRACE_S + 5
     # launch_env's teardown checks that no process of the launch is left.
 
 
-def test_timeout_keeps_the_output_so_far(launch_env):
+def test_workers_that_ignore_sigterm_are_killed_and_the_output_so_far_is_kept(launch_env):
+    """timeout_from: the clock starts once both ranks have printed the line, i.e. ignore SIGTERM already."""
+    start = time.monotonic()
     with pytest.raises(lessons.LaunchError) as failure:
-        lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=8, env=launch_env, show=False)
+        lessons.torchrun(FIXTURES / "hang.py", nproc=2, args=["--ignore-sigterm"], timeout=1,
+                         timeout_from="hanging now", env=launch_env, show=False)
+    assert str(failure.value).startswith("hang.py timed out 1 s after every rank printed 'hanging now'.")
+    assert "Stopped torchrun and 2 worker process(es)." in str(failure.value)
     assert failure.value.result.outputs == {0: "hanging now\n", 1: "hanging now\n"}
+    # SIGKILL after the grace period; nobody waits torchrun's 30 s.
+    assert time.monotonic() - start < 30
+    # launch_env's teardown checks that no process of the launch is left.
+
+
+def test_timeout_from_counts_from_the_line_not_from_the_start(launch_env):
+    """slow_start.py runs about 5 s (1 s of it after 'ready'); a 3 s timeout from 'ready' lets it finish."""
+    start = time.monotonic()
+    run = lessons.torchrun(FIXTURES / "slow_start.py", nproc=2, timeout=3, timeout_from="ready", env=launch_env,
+                           show=False)
+    assert time.monotonic() - start > 3 + 3  # longer than the timeout: it counted from the line
+    assert run.stdout == {0: "ready\ndone\n", 1: "ready\ndone\n"}
+
+
+def test_a_start_line_that_never_comes_times_out_and_names_the_ranks(launch_env, monkeypatch):
+    monkeypatch.setattr(lessons.launch, "START_LIMIT_S", 4)
+    with pytest.raises(lessons.LaunchError) as failure:
+        lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=1, timeout_from="a line nobody prints",
+                         env=launch_env, show=False)
+    assert str(failure.value).startswith(
+        "hang.py timed out: not every rank printed 'a line nobody prints' within 4 s (ranks 0, 1 did not).")
+
+
+def test_the_start_line_is_seen_per_attempt():
+    """Two ranks of one attempt must both print it; rank 1 of a later attempt does not complete attempt_0."""
+    from lessons.live import StartLine
+    start = StartLine("ready", nproc=2)
+    start.see([("attempt_0", 0, "rank 0 ready"), ("attempt_0", 1, "starting")])
+    start.see([("attempt_1", 1, "ready")])
+    assert start.at is None and start.missing() == [1]
+    start.see([("attempt_0", 1, "rank 1 ready now")])
+    assert start.at is not None and start.missing() == []
 
 
 def test_interrupt_stops_every_process_and_propagates(launch_env):
@@ -91,6 +126,8 @@ def test_interrupt_stops_every_process_and_propagates(launch_env):
     ({"timeout": -1}, ValueError, "timeout must be positive"),
     ({"timeout": "10"}, TypeError, "timeout must be seconds"),
     ({"threads_per_rank": 0}, ValueError, "threads_per_rank must be an int >= 1"),
+    ({"timeout_from": ""}, ValueError, "timeout_from must be a non-empty line of text, with a timeout"),
+    ({"timeout_from": "ready", "timeout": None}, ValueError, "timeout_from must be a non-empty line of text"),
 ])
 def test_bad_input_is_refused_in_one_line(kwargs, error, text):
     kwargs = {"script": SCRIPTS / "hello_dist.py", **kwargs}
