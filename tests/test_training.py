@@ -19,6 +19,25 @@ def test_cifar10_offline_stops_every_rank_with_one_line(launch_env, tmp_path):
         assert "use --dataset digits" in stderr
 
 
+def test_the_offline_digits_are_scikit_learns_load_digits(monkeypatch):
+    """train_ddp.py reads sklearn's digits file itself (importing sklearn costs a second per rank): same data."""
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import train_ddp
+
+    train, test = train_ddp.digits(seed=0)
+    data = load_digits()
+    images = F.interpolate(torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0, size=32,
+                           mode="bilinear", align_corners=False).expand(-1, 3, -1, -1)
+    order = torch.randperm(1797, generator=torch.Generator().manual_seed(0))
+    for split, rows in ((train, order[:1500]), (test, order[1500:])):
+        assert torch.equal(split.tensors[0], (images[rows] - 0.5) / 0.5)
+        assert torch.equal(split.tensors[1], torch.tensor(data.target)[rows])
+
+
 def test_sampler_padding_drop_last_and_set_epoch():
     assert shards(10, 4, shuffle=False) == [[0, 4, 8], [1, 5, 9], [2, 6, 0], [3, 7, 1]]
     assert shards(10, 4, shuffle=False, drop_last=True) == [[0, 4], [1, 5], [2, 6], [3, 7]]
