@@ -107,6 +107,29 @@ def open_notebook(page, url: str, token: str, notebook: str) -> None:
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
 
 
+def open_lab(page, url: str, token: str, workspace: str = "look") -> None:
+    """Load JupyterLab once, with no notebook open (a workspace of its own, reset)."""
+    page.goto(f"{url}/lab/workspaces/{workspace}?reset&token={token}")
+    page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
+
+
+def open_in_lab(page, notebook: str) -> None:
+    """Open a notebook in the loaded lab, as a double-click in the file browser does (docmanager:open)."""
+    page.evaluate("async path => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }", notebook)
+    page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
+
+
+def close_all(page) -> None:
+    """Close every open tab; a notebook that asks to be saved would stop this (a check in itself: none should)."""
+    page.evaluate("async () => { await window.jupyterapp.commands.execute('application:close-all'); }")
+    try:
+        page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel')", timeout=10_000)
+    except Exception:
+        dialog = page.locator(".jp-Dialog").all_inner_texts()
+        raise AssertionError(f"the tabs did not close; dialog: {dialog}") from None
+
+
 def start_run_all(page, url: str, token: str, notebook: str) -> None:
     """Open a notebook as a learner does, clear its outputs, and press Run All (without waiting for the end)."""
     open_notebook(page, url, token, notebook)

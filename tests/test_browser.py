@@ -16,8 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser import (CHROMIUM, PANEL, chromium, jupyterlab, open_notebook, problems_on_page, responds, run_notebook,
-                     start_run_all)
+from browser import (CHROMIUM, PANEL, chromium, close_all, jupyterlab, open_in_lab, open_lab, problems_on_page,
+                     responds, run_notebook, start_run_all)
 from conftest import FIXTURES, ROOT
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
@@ -72,18 +72,28 @@ def course_lab(course_copy):
         yield lab
 
 
-@pytest.mark.parametrize("notebook", sorted(set(NOTEBOOKS) - set(RUN_IN_BROWSER)))
-def test_committed_outputs_render_in_jupyterlab(notebook, browser, course_lab):
+@pytest.fixture(scope="module")
+def lab_page(browser, course_lab):
+    """One JupyterLab page for the notebooks that are only looked at: the lab loads once, not once per notebook."""
     url, token = course_lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    open_lab(page, url, token)
+    yield page
+    page.close()
+
+
+@pytest.mark.parametrize("notebook", sorted(set(NOTEBOOKS) - set(RUN_IN_BROWSER)))
+def test_committed_outputs_render_in_jupyterlab(notebook, lab_page):
+    open_in_lab(lab_page, f"notebooks/{notebook}")
     try:
-        open_notebook(page, url, token, f"notebooks/{notebook}")
         figures = committed_outputs(notebook, "image/png")
-        page.wait_for_function(f"[...document.querySelectorAll('{PANEL} .jp-RenderedImage img')]"
-                               f".filter(i => i.complete).length >= {figures}", timeout=30_000)
-        assert problems_on_page(page) == []
+        lab_page.wait_for_function(f"[...document.querySelectorAll('{PANEL} .jp-RenderedImage img')]"
+                                   f".filter(i => i.complete).length >= {figures}", timeout=30_000)
+        assert problems_on_page(lab_page) == []
     finally:
-        screenshot(page, notebook)
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        lab_page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}.png"))
+        close_all(lab_page)
 
 
 @pytest.mark.parametrize("notebook", sorted(RUN_IN_BROWSER))
