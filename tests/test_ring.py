@@ -46,7 +46,7 @@ def test_alpha_beta_fit_recovers_a_known_model():
     assert 1 / beta == pytest.approx(2e9, rel=1e-6)
 
 
-@pytest.mark.parametrize("nproc", [1, 5])  # notebook 02 launches 2, 3, 4 and 8
+@pytest.mark.parametrize("nproc", [1, 5])  # notebook 02 launches 3, 4 and 8; the next test 2
 def test_ring_matches_dist_all_reduce(nproc, launch_env):
     numels = [0, 1, 3, 7, 1000, 1001]  # empty, fewer elements than ranks, not divisible by N
     run = lessons.torchrun(SCRIPTS / "ring_allreduce.py", nproc=nproc, env=launch_env, show=False,
@@ -71,6 +71,9 @@ def test_ring_script_single_check_has_the_flat_result(launch_env):
                            args=["--numel", 10, "--dtype", "int64"])
     assert {k: run.result[k] for k in ("world_size", "numel", "dtype", "max_abs_err", "matches_builtin")} == {
         "world_size": 2, "numel": 10, "dtype": "int64", "max_abs_err": 0, "matches_builtin": True}
+    # N = 2: each rank sends 2(N-1)/N * S = S (80 bytes); the naive rank 0 sends (N-1) * S = S
+    assert run.result["bytes_per_rank"]["ring"]["sent"] == [80, 80]
+    assert run.result["bytes_per_rank"]["naive"]["sent"][0] == 80
 
 
 def test_alpha_beta_fit_weighs_small_messages_as_much_as_large_ones():
