@@ -59,9 +59,8 @@ def torchrun(
     ``timeout_from``: the timeout counts from the moment every rank has printed a line containing this text
     (until then the launch gets START_LIMIT_S seconds). For a hang on purpose: the time to start doesn't count.
     """
-    script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts)
-    if timeout_from is not None and (not isinstance(timeout_from, str) or not timeout_from or timeout is None):
-        raise ValueError(f"timeout_from must be a non-empty line of text, with a timeout, got {timeout_from!r}")
+    script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts,
+                                                    timeout_from)
     if launcher not in LAUNCHER_MODULES:
         raise ValueError(f"launcher must be one of {sorted(LAUNCHER_MODULES)}, got {launcher!r}")
     worker_env = launch_environment(env, threads_per_rank, store_per_round=max_restarts > 0)
@@ -170,7 +169,7 @@ def command_line(script: str | os.PathLike, nproc: int = 2, args: tuple | list =
     return shlex.join([*env, "torchrun", *_torchrun_flags(nproc, max_restarts), str(script), *map(str, args)])
 
 
-def _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts):
+def _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts, timeout_from=None):
     """Bad input: one clear line each."""
     if not isinstance(script, (str, os.PathLike)):
         raise TypeError(f"script must be a path to a .py file, not {type(script).__name__}")
@@ -191,6 +190,8 @@ def _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restart
             raise TypeError(f"timeout must be seconds (a number) or None, not {type(timeout).__name__}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+    if timeout_from is not None and (not isinstance(timeout_from, str) or not timeout_from or timeout is None):
+        raise ValueError(f"timeout_from must be a non-empty line of text, with a timeout, got {timeout_from!r}")
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be an int >= 1, got {threads_per_rank!r}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= MAX_RESTARTS:

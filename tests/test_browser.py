@@ -91,8 +91,7 @@ def test_committed_outputs_render_in_jupyterlab(notebook, lab_page):
                                    f".filter(i => i.complete).length >= {figures}", timeout=30_000)
         assert problems_on_page(lab_page) == []
     finally:
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        lab_page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}.png"))
+        screenshot(lab_page, notebook)
         close_all(lab_page)
 
 
@@ -110,12 +109,12 @@ def test_notebook_runs_in_jupyterlab_and_its_widgets_respond(notebook, browser, 
         assert responds(page, control, watched), f"{watched} did not change when its slider moved"
     finally:
         screenshot(page, notebook)
+        page.close()
 
 
 def screenshot(page, notebook):
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / f"{Path(notebook).stem}.png"))
-    page.close()
 
 
 def cell(source):
@@ -139,8 +138,7 @@ def test_a_broken_widget_fails_these_checks(browser, course_lab, course_copy):
         assert any(p.startswith("widget shown as text, not rendered: IntSlider(") for p in problems), problems
         assert any(p.startswith("error output:") and "ZeroDivisionError" in p for p in problems), problems
     finally:
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SCREENSHOTS / "broken_control.png"))
+        screenshot(page, "broken_control")
         page.close()
 
 
@@ -174,3 +172,4 @@ def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, cours
         assert problems_on_page(page) == []
     finally:
         screenshot(page, "live_output.ipynb")
+        page.close()
