@@ -16,12 +16,15 @@ found with a core dump; see notebooks/00_start_here.ipynb):
       ``init_process_group``, those defaults hold the live group forever.
    b. A DDP module sits in a reference cycle, so it (and the group it holds) is freed
       only by the garbage collector: at the latest, while the interpreter shuts down.
+   c. FSDP2 (lesson 12): a DeviceMesh keeps its groups in ``mesh._pg_registry``, and DTensor's
+      caches (sharding propagation, redistribute plans) keep the mesh for good.
 3. If the interpreter is already shutting down when a gloo worker asks for the GIL,
    Python ends that thread inside a C++ destructor that may not throw: std::terminate.
 
 So: (a) import ``torch.distributed.nn`` now, while ``group.WORLD`` is still None, and
 (b) collect garbage at exit while the interpreter is still whole: the DDP module goes,
-the group goes, and its threads are joined before Python starts to shut down.
+the group goes, and its threads are joined before Python starts to shut down;
+(c) at exit, a mesh that outlives the collection lets go of its groups too.
 """
 import atexit
 import gc
@@ -31,7 +34,17 @@ import sys
 import torch
 import torch.distributed.nn  # noqa: F401  (a) must come before init_process_group
 
-atexit.register(gc.collect)  # (b) atexit runs before the interpreter starts finalizing
+
+def release_process_groups():
+    """Runs at exit, before the interpreter starts finalizing: free every group while it is still whole."""
+    gc.collect()  # (b)
+    if "torch.distributed.device_mesh" in sys.modules:  # (c) only if a mesh can exist
+        from torch.distributed.device_mesh import DeviceMesh
+        for mesh in [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]:
+            getattr(mesh, "_pg_registry", {}).clear()
+
+
+atexit.register(release_process_groups)
 
 
 def backend_and_device() -> tuple[str, torch.device]:
