@@ -13,7 +13,10 @@ setup: $(STAMP)
 # Re-run the install whenever the dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[test]'
+	@# Byte-compile on every core: pip would do it on one, and a venv without .pyc files (PYTHONDONTWRITEBYTECODE
+	@# is common) compiles torch again on every import. A few files are for newer Pythons and fail, under pip too.
+	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
 	touch $(STAMP)
 
 lab: setup
@@ -33,13 +36,16 @@ slurm:
 	  && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null; } \
 	  || echo "Slurm could not be installed here: the Slurm test will be skipped"
 
+# Two pytest-xdist workers: the notebooks run in order on one, whole test files on whichever is free (tests/conftest.py).
+# A launch keeps about 1.3 of the 2 cores busy (imports), and much of the suite waits (timeouts, Slurm, the
+# browser), so two side by side finish sooner: benchmarks are not timed here, only the suite.
 # Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
 test: setup browser slurm
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 
 # What one lesson costs, e.g. make cost LESSON="notebooks/07_checkpoints.ipynb tests/test_checkpoints.py"
 cost: setup
-	$(PY) -m pytest $(LESSON)
+	$(PY) -m pytest $(LESSON)  # one process: each duration is the lesson's own, not shared with a neighbour
 
 # Not a test: launches a DDP script 200 times and reports the failures (takes ~20 min).
 stress: setup

@@ -129,17 +129,26 @@ def child_stderr():
             captured.text = file.read()
 
 
-def running(script: str) -> list[tuple[int, str]]:
-    """What is running this script now: (pid, "torchrun agent" or "rank N") for each process (lesson 11)."""
+def running(script: str | os.PathLike) -> list[tuple[int, str]]:
+    """What is running this script file now: (pid, "torchrun agent" or "rank N") for each process (lesson 11).
+
+    A process matches when one of its arguments is this very file (resolved from the process's own working
+    directory), so a copy of the script elsewhere, e.g. one that a test suite launches meanwhile, does not count.
+    """
+    target = os.path.realpath(script)
+    name = os.path.basename(target)
     found = []
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if not any(part.endswith(script) for part in cmdline):
+        if not any(part.endswith(name) for part in cmdline):  # cheap filter before asking for the cwd
             continue
         try:
+            cwd = proc.cwd()
             rank = proc.environ().get("RANK")
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            rank = None
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if not any(os.path.realpath(os.path.join(cwd, part)) == target for part in cmdline if part.endswith(name)):
+            continue
         role = "torchrun agent" if "torch.distributed.run" in cmdline else f"rank {rank}"
         found.append((proc.info["pid"], role))
     return sorted(found, key=lambda pid_role: pid_role[1])

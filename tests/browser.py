@@ -118,6 +118,10 @@ def open_in_lab(page, notebook: str) -> None:
     """Open a notebook in the loaded lab, as a double-click in the file browser does (docmanager:open)."""
     page.evaluate("async path => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }", notebook)
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
+    # Until its kernel session is up, JupyterLab marks the first notebook of a page dirty for a moment: closing
+    # then asks to save (seen when the machine is busy). Wait for it, as a learner would before closing.
+    page.evaluate("async () => { const panel = window.jupyterapp.shell.currentWidget;"
+                  " await panel.context.ready; await panel.sessionContext.ready; }")
 
 
 def close_all(page) -> None:

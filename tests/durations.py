@@ -2,7 +2,9 @@
 
 Registered by tests/conftest.py, so every `make test` ends with this report, and writes it to
 artifacts/durations.json for a later lesson to compare against. nbval reports one item per
-notebook cell; a notebook's time is the sum of its cells (the kernel's start is in the first).
+notebook cell; a notebook's time is the sum of its cells (the kernel's start is in the first). Under
+pytest-xdist (`make test`) the two workers share the 2 cores, so a duration there is longer than the same test
+alone (`make cost`), and the sums add up to more than the total.
 """
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ SHOW = 10
 
 
 class DurationReport:
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, workers: int = 0):
         self.root = root
+        self.workers = workers  # pytest-xdist workers; 0 without xdist
         self.start = time.monotonic()
         self.tests: dict[str, float] = defaultdict(float)  # test id -> setup + call + teardown
         self.notebooks: dict[str, float] = defaultdict(float)  # notebook path -> sum of its cells
@@ -33,7 +36,8 @@ class DurationReport:
         write = terminalreporter.write_line
         terminalreporter.section("where the time went")
         write(f"{'total':<70} {total:7.1f} s  (tests {sum(self.tests.values()):.0f} s, "
-              f"notebooks {sum(self.notebooks.values()):.0f} s)")
+              f"notebooks {sum(self.notebooks.values()):.0f} s"
+              + (f", side by side on {self.workers} workers)" if self.workers else ")"))
         for title, table in (("slowest tests", self.tests), ("notebooks under nbval", self.notebooks)):
             write(f"{title}:")
             for name, seconds in sorted(table.items(), key=lambda kv: -kv[1])[:SHOW]:

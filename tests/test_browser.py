@@ -18,7 +18,7 @@ import pytest
 
 from browser import (CHROMIUM, PANEL, chromium, close_all, jupyterlab, open_in_lab, open_lab, problems_on_page,
                      responds, run_notebook, start_run_all)
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, SCRIPTS
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
@@ -61,7 +61,7 @@ def course_copy(tmp_path_factory):
     """A copy of the course, so that running it cannot rewrite committed files."""
     root = tmp_path_factory.mktemp("course")
     shutil.copytree(ROOT / "notebooks", root / "notebooks")
-    shutil.copytree(ROOT / "ddp_scripts", root / "ddp_scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SCRIPTS, root / "ddp_scripts", ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 

@@ -86,3 +86,25 @@ def test_a_bad_rendezvous_port_is_refused_in_one_line(kwargs, text):
     with pytest.raises(ValueError) as refused:
         lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", show=False, **kwargs)
     assert text in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_running_counts_the_script_file_it_is_given_not_a_copy_elsewhere(tmp_path):
+    """Lesson 11 lists what runs its scripts; a copy of the same script (a test launching it meanwhile) is not it."""
+    sleeper = "import time; time.sleep(60)\n"
+    here, elsewhere = tmp_path / "here", tmp_path / "elsewhere"
+    for folder in (here, elsewhere):
+        folder.mkdir()
+        (folder / "sleeper.py").write_text(sleeper)
+    procs = [subprocess.Popen([sys.executable, "sleeper.py"], cwd=here),  # relative to its own cwd
+             subprocess.Popen([sys.executable, str(elsewhere / "sleeper.py")], cwd=tmp_path)]
+    try:
+        deadline = time.monotonic() + 10
+        while len(lessons.processes.running(here / "sleeper.py")) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lessons.processes.running(here / "sleeper.py") == [(procs[0].pid, "rank None")]
+        assert lessons.processes.running(elsewhere / "sleeper.py") == [(procs[1].pid, "rank None")]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    assert lessons.processes.running(here / "sleeper.py") == []

@@ -88,7 +88,9 @@ def test_a_tcp_address_nobody_listens_on_is_reported_within_the_timeout(launch_e
     elapsed = time.monotonic() - start
     assert str(error.value).endswith("did not meet within 2 s (is every rank started, "
                                                      "and is the address one they all reach?)")
-    assert elapsed < 2 + 5  # the timeout, plus starting Python and importing torch
+    # The 2 s timeout, plus starting Python and importing torch (slower while the notebooks run on the other
+    # xdist worker); the 30 s default would be far over.
+    assert elapsed < 2 + 12
 
 
 def test_2_nodes_of_3_processes_number_their_ranks(launch_env):
@@ -169,9 +171,9 @@ def test_the_sbatch_templates_run_under_a_real_slurm(slurm_cluster, tmp_path, te
     env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
            "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun without --log-dir leaves a torchelastic_* directory in TMPDIR
-    job_id = slurm.submit(job, cwd=ROOT, env=env)
+    job_id = slurm.submit(job, cwd=SCRIPTS.parent, env=env)  # the templates run ddp_scripts/where_am_i.py
     state = slurm.wait(job_id, timeout=90, env=env)
-    output = (ROOT / f"{state['JobName']}-{job_id}.out")
+    output = SCRIPTS.parent / f"{state['JobName']}-{job_id}.out"
     try:
         text = output.read_text()
     finally:
