@@ -41,8 +41,10 @@ def pytest_xdist_make_scheduler(config, log):
     """Under `pytest -n 2`: every notebook on one worker, in order, as without xdist (they share ddp_scripts/, and
     lesson 11 checks that nothing runs its scripts); each test file goes whole to whichever worker is free.
 
-    Two groups of notebooks side by side were no faster (742.6 s against 740.9 s): the suite is bound by CPU, not
-    by how the work is split, once two workers keep both cores busy."""
+    Measured once here, two groups of notebooks side by side were no faster (742.6 s against 740.9 s): with both
+    cores busy the suite is bound by CPU. But the notebooks' worker finishes last (in a fresh run the other idled
+    its last 170 s), so splitting them may pay as the course grows: lesson 11 must stay with lesson 10, and lessons
+    04-09 with 04, which writes the train_ddp.py they use."""
     from xdist.scheduler import LoadScopeScheduling
 
     class NotebooksTogether(LoadScopeScheduling):
