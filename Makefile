@@ -37,8 +37,7 @@ slurm:
 	  || echo "Slurm could not be installed here: the Slurm test will be skipped"
 
 # Two pytest-xdist workers: the notebooks run in order on one, whole test files on whichever is free (tests/conftest.py).
-# A launch keeps about 1.3 of the 2 cores busy (imports), and much of the suite waits (timeouts, Slurm, the
-# browser), so two side by side finish sooner: benchmarks are not timed here, only the suite.
+# Alone, the suite keeps about 1.3 of the 2 cores busy (it waits on timeouts, Slurm, the browser); two workers ~1.7.
 # Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
 test: setup browser slurm
 	$(PY) -m pytest -n 2

@@ -76,4 +76,3 @@ def launch_env():
     while (left := processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert left == [], f"processes left behind by the launch: {left}"
-
