@@ -1,12 +1,16 @@
 """DDP from scratch, in three steps, each checked against one big batch and torch's DDP.
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_from_scratch.py --variant bucketed
+    torchrun --standalone --nproc-per-node=4 ddp_scripts/ddp_from_scratch.py --variant naive overlap bucketed
 
 naive (ddp_step1_naive.py):       after backward(), all-reduce every gradient and divide by the world size.
 overlap (ddp_step2_overlap.py):   a hook per parameter starts an async all-reduce as soon as its gradient is
                                   ready, so communication overlaps the rest of backward; wait before step().
 bucketed (ddp_step3_bucketed.py): gradients are copied into flat buckets of --bucket-mb; a bucket is
                                   all-reduced as soon as it is full: fewer, larger messages (see lesson 02).
+
+Several variants in one launch check each in turn (one start of torch instead of three); the RESULT line then
+holds {"variants": [one result per variant]}.
 """
 import argparse
 import json
@@ -46,9 +50,45 @@ def train(model, batches, steps, before_step=lambda: None):
     return torch.cat([p.detach().flatten() for p in model.parameters()]), (backward_start, backward_end)
 
 
+def check(variant, args, mine, global_batches, device, rank, world_size):
+    """Train with our `variant`, one process on the whole batch, and torch's DDP; return rank 0's result."""
+    # Ours. Each rank starts from different weights: the broadcast must fix that.
+    model = make_model(seed=rank, device=device, unused=args.unused)
+    if variant == "naive":
+        ddp = NaiveDDP(model)
+    elif variant == "overlap":
+        ddp = OverlapDDP(model)
+    else:
+        ddp = BucketedDDP(model, args.bucket_mb)
+    ours, (backward_start, backward_end) = train(model, mine, args.steps, before_step=ddp.finish_gradients)
+
+    # One process, the whole batch: the mean loss over N*B samples = average of the ranks' means.
+    single, _ = train(make_model(seed=0, device=device), global_batches, args.steps)
+    # torch's DDP, from the same different starting weights.
+    theirs, _ = train(DistributedDataParallel(make_model(seed=rank, device=device)), mine, args.steps)
+
+    diffs = torch.stack([(ours - single).abs().max(), (ours - theirs).abs().max()])
+    dist.all_reduce(diffs, op=dist.ReduceOp.MAX)  # the worst rank decides
+    diff_single, diff_torch = diffs.tolist()
+    if rank != 0:
+        return None
+    print(f"{variant}, {world_size} ranks, {args.steps} steps: max |ours - single process| = "
+          f"{diff_single:.0e}, max |ours - torch DDP| = {diff_torch:.0e}")
+    result = {"variant": variant, "world_size": world_size,
+              "matches_single_process": diff_single < 1e-5, "matches_torch_ddp": diff_torch < 1e-5,
+              "max_abs_diff": max(diff_single, diff_torch), "diff_torch_ddp": diff_torch}
+    if variant == "bucketed":
+        result["buckets"] = len(ddp.buckets)
+    else:  # when the last step's all-reduces started, in ms from the start of its backward()
+        launches = [(t - backward_start) * 1e3 for t in ddp.launched_at if t >= backward_start]
+        result.update(backward_ms=(backward_end - backward_start) * 1e3, allreduce_launch_ms=launches,
+                      launched_during_backward=sum(t < (backward_end - backward_start) * 1e3 for t in launches))
+    return result
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--variant", choices=["naive", "overlap", "bucketed"], required=True)
+    parser.add_argument("--variant", choices=["naive", "overlap", "bucketed"], nargs="+", required=True)
     parser.add_argument("--bucket-mb", type=float, default=0.01)  # tiny model: several buckets
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch-per-rank", type=int, default=8)
@@ -66,37 +106,9 @@ def main():
     global_batches = [(x.to(device), y.to(device)) for x, y in global_batches]
     mine = [(x.chunk(world_size)[rank], y.chunk(world_size)[rank]) for x, y in global_batches]
 
-    # Ours. Each rank starts from different weights: the broadcast must fix that.
-    model = make_model(seed=rank, device=device, unused=args.unused)
-    if args.variant == "naive":
-        ddp = NaiveDDP(model)
-    elif args.variant == "overlap":
-        ddp = OverlapDDP(model)
-    else:
-        ddp = BucketedDDP(model, args.bucket_mb)
-    ours, (backward_start, backward_end) = train(model, mine, args.steps, before_step=ddp.finish_gradients)
-
-    # One process, the whole batch: the mean loss over N*B samples = average of the ranks' means.
-    single, _ = train(make_model(seed=0, device=device), global_batches, args.steps)
-    # torch's DDP, from the same different starting weights.
-    theirs, _ = train(DistributedDataParallel(make_model(seed=rank, device=device)), mine, args.steps)
-
-    diffs = torch.stack([(ours - single).abs().max(), (ours - theirs).abs().max()])
-    dist.all_reduce(diffs, op=dist.ReduceOp.MAX)  # the worst rank decides
-    diff_single, diff_torch = diffs.tolist()
+    results = [check(variant, args, mine, global_batches, device, rank, world_size) for variant in args.variant]
     if rank == 0:
-        print(f"{args.variant}, {world_size} ranks, {args.steps} steps: max |ours - single process| = "
-              f"{diff_single:.0e}, max |ours - torch DDP| = {diff_torch:.0e}")
-        result = {"variant": args.variant, "world_size": world_size,
-                  "matches_single_process": diff_single < 1e-5, "matches_torch_ddp": diff_torch < 1e-5,
-                  "max_abs_diff": max(diff_single, diff_torch), "diff_torch_ddp": diff_torch}
-        if args.variant == "bucketed":
-            result["buckets"] = len(ddp.buckets)
-        else:  # when the last step's all-reduces started, in ms from the start of its backward()
-            launches = [(t - backward_start) * 1e3 for t in ddp.launched_at if t >= backward_start]
-            result.update(backward_ms=(backward_end - backward_start) * 1e3, allreduce_launch_ms=launches,
-                          launched_during_backward=sum(t < (backward_end - backward_start) * 1e3 for t in launches))
-        print("RESULT " + json.dumps(result))
+        print("RESULT " + json.dumps(results[0] if len(results) == 1 else {"variants": results}))
     dist.destroy_process_group()
 
 

@@ -161,6 +161,33 @@ def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 9
                              f"kernel {kernel}") from timeout
 
 
+def run_cells(page, url: str, token: str, notebook: str, cells: list[int], timeout_s: float = 300) -> None:
+    """Open a notebook as a learner does and run these cells (indexes among all its cells) in a fresh kernel, one
+    after another, as Ctrl+Enter on each would; every other cell keeps its committed output."""
+    open_notebook(page, url, token, notebook)
+    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)
+    page.evaluate("""cells => { (async () => {
+        const panel = window.jupyterapp.shell.currentWidget;
+        for (const i of cells) {
+            panel.content.activeCellIndex = i;
+            await window.jupyterapp.commands.execute('notebook:run-cell');
+        }
+    })(); }""", cells)
+    # Done when they show the fresh kernel's counts, 1, 2, ... in the order they ran (the committed counts differ),
+    # and the kernel is idle again.
+    counts = f"""() => {{
+        const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+        return {json.dumps(cells)}.map(i => cells[i].model.executionCount);
+    }}"""
+    expected = json.dumps(list(range(1, len(cells) + 1)), separators=(",", ":"))  # as JSON.stringify writes it
+    done = f"() => JSON.stringify(({counts})()) === '{expected}' && ({KERNEL_READY})()"
+    try:
+        page.wait_for_function(done, timeout=timeout_s * 1000, polling=500)
+    except Exception as timeout:
+        raise AssertionError(f"{notebook}: cells {cells} did not run in {timeout_s:.0f} s: counts "
+                             f"{page.evaluate(counts)}") from timeout
+
+
 def problems_on_page(page) -> list[str]:
     """What a learner would see as broken: errors, widgets shown as text, images that did not load."""
     found = []

@@ -1,9 +1,9 @@
-"""The JupyterLab walkthrough in a real browser: every notebook opened and looked at; those with widgets run;
-one launch watched while it runs (its live output).
+"""The JupyterLab walkthrough in a real browser: every notebook opened and looked at; the widgets run and are
+moved; one launch run through Run All and watched while it runs (its live output).
 
 nbval runs kernels, not the browser: only this shows that outputs render, that widgets respond, and that a
 launch's lines appear while it runs (nbval sees only a cell's final output).
-nbval already executes every notebook, so the browser runs only what nbval cannot check.
+nbval already executes every cell of every notebook, so the browser runs only what nbval cannot check.
 Screenshots land in artifacts/screenshots/.
 """
 import importlib.util
@@ -17,14 +17,14 @@ import nbformat
 import pytest
 
 from browser import (CHROMIUM, PANEL, chromium, close_all, jupyterlab, open_in_lab, open_lab, problems_on_page,
-                     responds, run_notebook, start_run_all)
+                     responds, run_cells, run_notebook, start_run_all)
 from conftest import FIXTURES, ROOT, SCRIPTS
 
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 SCREENSHOTS = ROOT / "artifacts" / "screenshots"
-# The one list of notebooks that run in the browser: those with widgets (nbval cannot press a slider),
-# slider to press -> element whose text must change. Every other notebook is executed by nbval and only
-# opened here, to see its committed outputs render. 02 also carries launches through Run All.
+# The one list of notebooks whose widgets run in the browser (nbval cannot press a slider):
+# slider to press -> element whose text must change. Their widget cells run here, after the first cell (the
+# imports), as a learner who jumps to the widget would run them; nbval executes every cell, launches included.
 RUN_IN_BROWSER = {
     "02_collectives_and_ring_allreduce.ipynb": (1, ".ring-step"),  # the step slider of the ring stepper
     "05_distributed_sampler.ipynb": (0, ".sampler-shards"),  # the dataset-size slider of the explorer
@@ -82,7 +82,7 @@ def lab_page(browser, course_lab):
     page.close()
 
 
-@pytest.mark.parametrize("notebook", sorted(set(NOTEBOOKS) - set(RUN_IN_BROWSER)))
+@pytest.mark.parametrize("notebook", sorted(set(NOTEBOOKS) - set(RUN_IN_BROWSER)))  # saved widgets show as text
 def test_committed_outputs_render_in_jupyterlab(notebook, lab_page):
     open_in_lab(lab_page, f"notebooks/{notebook}")
     try:
@@ -95,15 +95,26 @@ def test_committed_outputs_render_in_jupyterlab(notebook, lab_page):
         close_all(lab_page)
 
 
+def widget_cells(notebook: str) -> list[int]:
+    """The first code cell (the imports) and every cell whose committed output is a widget, by index among all cells."""
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    return [code[0]] + [i for i in code[1:] if any(WIDGET_MIME in out.get("data", {}) for out in cells[i]["outputs"])]
+
+
 @pytest.mark.parametrize("notebook", sorted(RUN_IN_BROWSER))
-def test_notebook_runs_in_jupyterlab_and_its_widgets_respond(notebook, browser, course_lab):
+def test_widgets_run_in_jupyterlab_and_respond(notebook, browser, course_lab):
     url, token = course_lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     try:
-        run_notebook(page, url, token, f"notebooks/{notebook}")
-        assert problems_on_page(page) == []
-        figures = committed_outputs(notebook, "image/png")
+        cells = widget_cells(notebook)
+        assert len(cells) > 1, "no cell with a widget"
+        run_cells(page, url, token, f"notebooks/{notebook}", cells)
+        figures = committed_outputs(notebook, "image/png")  # the committed ones, in the cells that did not run
+        page.wait_for_function(f"[...document.querySelectorAll('{PANEL} .jp-RenderedImage img')]"
+                               f".filter(i => i.complete).length >= {figures}", timeout=30_000)
         assert page.locator(f"{PANEL} .jp-RenderedImage img").count() == figures, "figures differ from the committed"
+        assert problems_on_page(page) == []
         assert page.locator(f"{PANEL} .jp-OutputArea-output .jupyter-widgets").count() > 0, "no widget rendered"
         control, watched = RUN_IN_BROWSER[notebook]
         assert responds(page, control, watched), f"{watched} did not change when its slider moved"
