@@ -36,23 +36,59 @@ def pytest_unconfigure(config):
         shutil.rmtree(Path(os.environ.pop(SNAPSHOT)).parent, ignore_errors=True)
 
 
+# Under `pytest -n 2` the notebooks run as two groups, each in order on one worker. The second group uses no
+# script of another lesson but ddp_common.py, which lesson 00 writes, so it starts once lesson 00 is done
+# (tests/test_notebook_sync.py checks that split against the scripts each notebook launches and imports).
+SECOND_GROUP = ("10_", "11_", "12_")  # lesson 11 launches lesson 10's where_am_i.py: they stay together
+WRITES_DDP_COMMON = "notebooks/00_start_here.ipynb"
+
+
+def notebook_group(nodeid: str) -> str | None:
+    """'notebooks' or 'notebooks, second group' for a notebook's cell; None for a test."""
+    path = nodeid.split("::", 1)[0]
+    if not path.endswith(".ipynb"):
+        return None
+    return "notebooks, second group" if Path(path).name.startswith(SECOND_GROUP) else "notebooks"
+
+
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist, never called
 def pytest_xdist_make_scheduler(config, log):
-    """Under `pytest -n 2`: every notebook on one worker, in order, as without xdist (they share ddp_scripts/, and
-    lesson 11 checks that nothing runs its scripts); each test file goes whole to whichever worker is free.
-
-    Measured once here, two groups of notebooks side by side were no faster (742.6 s against 740.9 s): with both
-    cores busy the suite is bound by CPU. But the notebooks' worker finishes last (in a fresh run the other idled
-    its last 170 s), so splitting them may pay as the course grows: lesson 11 must stay with lesson 10, and lessons
-    04-09 with 04, which writes the train_ddp.py they use."""
+    """Each group of notebooks in order on one worker, as nbval needs; each test file whole, to whichever worker is
+    free. The second group waits for lesson 00 (its ddp_common.py is rewritten, and empty for a moment, meanwhile).
+    With both cores busy the suite is bound by CPU: the split pays because the notebooks' worker finished last."""
     from xdist.scheduler import LoadScopeScheduling
 
-    class NotebooksTogether(LoadScopeScheduling):
-        def _split_scope(self, nodeid):
-            path = nodeid.split("::", 1)[0]
-            return "notebooks" if path.endswith(".ipynb") else path
+    class NotebooksInTwoGroups(LoadScopeScheduling):
+        waiting_for = None  # lesson 00's cells not yet done; None until the collection is known
 
-    return NotebooksTogether(config, log)
+        def _split_scope(self, nodeid):
+            return notebook_group(nodeid) or nodeid.split("::", 1)[0]
+
+        def _ready(self, scope):
+            if scope != "notebooks, second group":
+                return True
+            if self.waiting_for is None:
+                self.waiting_for = {n for n in self.collection if n.startswith(WRITES_DDP_COMMON + "::")}
+            return not self.waiting_for
+
+        def _assign_work_unit(self, node):
+            scope = next((s for s in self.workqueue if self._ready(s)), None)
+            if scope is None:  # only the second group is left, and lesson 00 runs: this worker waits
+                return
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
+        def mark_test_complete(self, node, item_index, duration=0):
+            nodeid = self.registered_collections[node][item_index]
+            if self.waiting_for:
+                self.waiting_for.discard(nodeid)
+            super().mark_test_complete(node, item_index, duration)
+            if self.waiting_for == set():  # lesson 00 is done: a worker that waited gets the second group now
+                for other in self.nodes:
+                    if other is not node and self._pending_of(self.assigned_work.get(other, {})) == 0:
+                        self._reschedule(other)
+
+    return NotebooksInTwoGroups(config, log)
 
 
 def processes_with(marker: str) -> list[str]:

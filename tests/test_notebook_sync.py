@@ -1,10 +1,11 @@
 """The notebook cell is the source: each `%%writefile ../ddp_scripts/X.py` cell equals the committed file."""
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS
+from conftest import ROOT, SCRIPTS, WRITES_DDP_COMMON, notebook_group
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -49,3 +50,32 @@ def test_every_script_is_written_by_a_notebook_cell(name):
 def test_every_written_script_is_committed():
     missing = [name for name in written_scripts() if not (SCRIPTS / name).exists()]
     assert missing == [], f"notebook cells write scripts that are not committed: {missing}"
+
+
+def scripts_a_notebook_uses(notebook: Path) -> set[str]:
+    """The ddp_scripts/ modules a notebook names or imports into its kernel, and what those import in turn."""
+    code = "\n".join("".join(c["source"]) for c in json.loads(notebook.read_text())["cells"] if c["cell_type"] == "code")
+    todo = re.findall(r"ddp_scripts/(\w+)\.py", code)
+    if '"../ddp_scripts"' in code:  # sys.path.insert(0, "../ddp_scripts"): its imports are scripts too
+        todo += re.findall(r"^\s*(?:from|import) (\w+)", code, re.M)
+    used = set()
+    while todo:
+        name = todo.pop()
+        if name not in used and (SCRIPTS / f"{name}.py").exists():
+            used.add(name)
+            todo += re.findall(r"^(?:from|import) (\w+)", (SCRIPTS / f"{name}.py").read_text(), re.M)
+    return used
+
+
+def test_the_second_group_of_notebooks_shares_only_ddp_common_with_the_first():
+    """Under `pytest -n 2` the two groups run side by side (tests/conftest.py): neither may launch a script while
+    the other's %%writefile cell rewrites it. The second group waits for lesson 00, which writes ddp_common.py."""
+    writer = {Path(name).stem: notebook for name, (notebook, _) in written_scripts().items()}
+    second = {nb for nb in NOTEBOOKS if notebook_group(f"notebooks/{nb.name}") == "notebooks, second group"}
+    assert second and second != set(NOTEBOOKS)
+    for notebook in NOTEBOOKS:
+        crossing = {script for script in scripts_a_notebook_uses(notebook)
+                    if (writer[script] in second) != (notebook in second)}
+        assert crossing <= ({"ddp_common"} if notebook in second else set()), \
+            f"{notebook.name} uses {sorted(crossing)}, written by the other group: move it to that group"
+    assert writer["ddp_common"] == ROOT / WRITES_DDP_COMMON
