@@ -18,8 +18,10 @@ setup: $(STAMP)
 UV = uv==0.13.9
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(UV) \
-	  && $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -c constraints.txt -e '.[test]' \
+	@# TMPDIR: uv leaves a lock file behind in its temporary directory; let that be the venv's, not /tmp.
+	$(PY) -m pip install --quiet --disable-pip-version-check $(UV) && mkdir -p $(VENV)/tmp \
+	  && TMPDIR=$(abspath $(VENV))/tmp $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode \
+	     -c constraints.txt -e '.[test]' \
 	  || { echo "uv failed: installing with pip" \
 	       && $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[test]' \
 	       && { $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true; }; }

@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import tempfile
@@ -37,8 +38,8 @@ def pytest_unconfigure(config):
 
 
 # Under `pytest -n 2` the notebooks run as two groups, each in order on one worker. The second group uses no
-# script of another lesson but ddp_common.py, which lesson 00 writes, so it starts once lesson 00 is done
-# (tests/test_notebook_sync.py checks that split against the scripts each notebook launches and imports).
+# script of another lesson but ddp_common.py, which lesson 00 writes, so it starts once lesson 00's cell has written
+# it (tests/test_notebook_sync.py checks that split against the scripts each notebook launches and imports).
 SECOND_GROUP = ("10_", "11_", "12_")  # lesson 11 launches lesson 10's where_am_i.py: they stay together
 WRITES_DDP_COMMON = "notebooks/00_start_here.ipynb"
 
@@ -51,41 +52,45 @@ def notebook_group(nodeid: str) -> str | None:
     return "notebooks, second group" if Path(path).name.startswith(SECOND_GROUP) else "notebooks"
 
 
+def cell_that_writes(notebook: str, script: str) -> str:
+    """nbval's id of the %%writefile cell for ddp_scripts/<script>: 'Cell N' counts the code cells from 0."""
+    cells = [c for c in json.loads((ROOT / notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    return next(f"{notebook}::Cell {n}" for n, c in enumerate(cells)
+                if "".join(c["source"]).startswith(f"%%writefile ../ddp_scripts/{script}\n"))
+
+
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: without xdist, never called
 def pytest_xdist_make_scheduler(config, log):
     """Each group of notebooks in order on one worker, as nbval needs; each test file whole, to whichever worker is
-    free. The second group waits for lesson 00 (its ddp_common.py is rewritten, and empty for a moment, meanwhile).
-    With both cores busy the suite is bound by CPU: the split pays because the notebooks' worker finished last."""
+    free. The second group waits for the cell of lesson 00 that writes ddp_common.py (a file being rewritten is
+    empty for a moment). With both cores busy the suite is bound by CPU: two groups pay because the one group's
+    worker used to finish last."""
     from xdist.scheduler import LoadScopeScheduling
+    ddp_common_written = cell_that_writes(WRITES_DDP_COMMON, "ddp_common.py")
 
     class NotebooksInTwoGroups(LoadScopeScheduling):
-        waiting_for = None  # lesson 00's cells not yet done; None until the collection is known
+        second_group_may_start = False
 
         def _split_scope(self, nodeid):
             return notebook_group(nodeid) or nodeid.split("::", 1)[0]
 
-        def _ready(self, scope):
-            if scope != "notebooks, second group":
-                return True
-            if self.waiting_for is None:
-                self.waiting_for = {n for n in self.collection if n.startswith(WRITES_DDP_COMMON + "::")}
-            return not self.waiting_for
-
         def _assign_work_unit(self, node):
-            scope = next((s for s in self.workqueue if self._ready(s)), None)
-            if scope is None:  # only the second group is left, and lesson 00 runs: this worker waits
+            if ddp_common_written not in self.collection:  # lesson 00 is not in this run
+                self.second_group_may_start = True
+            scope = next((s for s in self.workqueue
+                          if s != "notebooks, second group" or self.second_group_may_start), None)
+            if scope is None:  # only the second group is left, and lesson 00 has not written ddp_common.py yet
                 return
             self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
         def mark_test_complete(self, node, item_index, duration=0):
-            nodeid = self.registered_collections[node][item_index]
-            if self.waiting_for:
-                self.waiting_for.discard(nodeid)
+            written = self.registered_collections[node][item_index] == ddp_common_written
+            self.second_group_may_start |= written
             super().mark_test_complete(node, item_index, duration)
-            if self.waiting_for == set():  # lesson 00 is done: a worker that waited gets the second group now
+            if written:  # a worker that waited for it (holding back its last item, as xdist does) may start now
                 for other in self.nodes:
-                    if other is not node and self._pending_of(self.assigned_work.get(other, {})) == 0:
+                    if other is not node:
                         self._reschedule(other)
 
     return NotebooksInTwoGroups(config, log)

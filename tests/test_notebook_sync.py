@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCRIPTS, WRITES_DDP_COMMON, notebook_group
+from conftest import ROOT, SCRIPTS, WRITES_DDP_COMMON, cell_that_writes, notebook_group
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
@@ -79,3 +79,7 @@ def test_the_second_group_of_notebooks_shares_only_ddp_common_with_the_first():
         assert crossing <= ({"ddp_common"} if notebook in second else set()), \
             f"{notebook.name} uses {sorted(crossing)}, written by the other group: move it to that group"
     assert writer["ddp_common"] == ROOT / WRITES_DDP_COMMON
+    # The second group starts when that cell is done. xdist runs a cell once it has sent the next one, so a cell
+    # must follow it in lesson 00 (the lesson may run alone beside the second group).
+    code_cells = sum(c["cell_type"] == "code" for c in json.loads((ROOT / WRITES_DDP_COMMON).read_text())["cells"])
+    assert cell_that_writes(WRITES_DDP_COMMON, "ddp_common.py") != f"{WRITES_DDP_COMMON}::Cell {code_cells - 1}"
