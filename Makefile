@@ -44,8 +44,9 @@ slurm:
 	  && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null; } \
 	  || echo "Slurm could not be installed here: the Slurm test will be skipped"
 
-# Two pytest-xdist workers: the notebooks run in order on one, whole test files on whichever is free (tests/conftest.py).
-# Alone, the suite keeps about 1.3 of the 2 cores busy (it waits on timeouts, Slurm, the browser); two workers ~1.7.
+# Two pytest-xdist workers: two groups of notebooks, each in order on one worker, and whole test files on whichever
+# is free (tests/conftest.py). Alone, the suite keeps about 1.3 of the 2 cores busy (it waits on timeouts, Slurm,
+# the browser); two workers about 1.75.
 # Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
 test: setup browser slurm
 	$(PY) -m pytest -n 2
