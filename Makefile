@@ -11,7 +11,7 @@ STAMP   = $(VENV)/.setup-done
 setup: $(STAMP)
 
 # Re-run the install whenever the dependencies change.
-# uv installs the same pins as pip would, in a third of the time here (45 s, not 100 s): it unpacks torch's ~6 GB of
+# uv installs the same pins as pip would, in half the time here (about 50 s, not 100 s): it unpacks torch's ~6 GB of
 # wheels and byte-compiles on every core. Byte-compiling matters: a venv without .pyc files (PYTHONDONTWRITEBYTECODE
 # is common) compiles torch again on every import. Where uv cannot be had, or fails (no PyPI, an index only pip's
 # config knows), pip installs instead, and compileall uses every core (a few files are for newer Pythons and fail).

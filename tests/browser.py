@@ -134,12 +134,17 @@ def close_all(page) -> None:
         raise AssertionError(f"the tabs did not close; dialog: {dialog}") from None
 
 
-def start_run_all(page, url: str, token: str, notebook: str) -> None:
-    """Open a notebook as a learner does, clear its outputs, and press Run All (without waiting for the end)."""
+def open_with_kernel(page, url: str, token: str, notebook: str) -> None:
+    """Open a notebook as a learner does, and wait until its kernel is up."""
     open_notebook(page, url, token, notebook)
     # The toolbar's kernel indicator says "idle" for a moment before any kernel exists (measured: 0.25 s
-    # on a quiet machine), and Run All in that moment runs nothing. Wait for the kernel itself.
+    # on a quiet machine), and running cells in that moment runs nothing. Wait for the kernel itself.
     page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)
+
+
+def start_run_all(page, url: str, token: str, notebook: str) -> None:
+    """Open a notebook as a learner does, clear its outputs, and press Run All (without waiting for the end)."""
+    open_with_kernel(page, url, token, notebook)
     run_command(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(f"document.querySelectorAll('{PANEL} .jp-OutputArea-output').length === 0")
     run_command(page, "Run", "runmenu:run-all")
@@ -164,8 +169,7 @@ def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 9
 def run_cells(page, url: str, token: str, notebook: str, cells: list[int], timeout_s: float = 300) -> None:
     """Open a notebook as a learner does and run these cells (indexes among all its cells) in a fresh kernel, one
     after another, as Ctrl+Enter on each would; every other cell keeps its committed output."""
-    open_notebook(page, url, token, notebook)
-    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)
+    open_with_kernel(page, url, token, notebook)
     page.evaluate("""cells => { (async () => {
         const panel = window.jupyterapp.shell.currentWidget;
         for (const i of cells) {
