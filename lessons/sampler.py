@@ -65,3 +65,40 @@ def sampler_explorer(size: int = 10, world_size: int = 4):
     for control in controls.values():
         control.observe(redraw, names="value")
     return widgets.VBox([widgets.HBox(list(controls.values())[:3]), widgets.HBox(list(controls.values())[3:]), view])
+
+
+def shards_figure(size: int = 10, world_size: int = 4, epochs: tuple[int, ...] = (0, 1)):
+    """The explorer's picture without a kernel: each rank's indices for a few settings, padding hatched.
+
+    One panel per setting: in order (padding repeats the first samples), drop_last (the tail never seen),
+    and shuffled in each of `epochs` (with set_epoch)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    settings = [("in order: padding repeats samples", dict(shuffle=False)),
+                ("drop_last=True", dict(shuffle=False, drop_last=True))]
+    settings += [(f"shuffled, set_epoch({e})", dict(epoch=e)) for e in epochs]
+    per_rank = len(shards(size, world_size, shuffle=False)[0])
+    fig, axes = plt.subplots(1, len(settings), figsize=(len(settings) * (0.9 + 0.45 * per_rank), 0.4 * world_size + 1),
+                             squeeze=False)
+    for ax, (title, options) in zip(axes[0], settings):
+        ranks = shards(size, world_size, **options)
+        counts = {}
+        for indices in ranks:
+            for i in indices:
+                counts[i] = counts.get(i, 0) + 1
+        for rank, indices in enumerate(ranks):
+            for column, i in enumerate(indices):
+                ax.add_patch(Rectangle((column, rank), 1, 1, facecolor=_COLOURS[rank % len(_COLOURS)],
+                                       edgecolor="white", hatch="///" if counts[i] > 1 else None))
+                ax.text(column + 0.5, rank + 0.5, str(i), ha="center", va="center", fontsize=9,
+                        fontweight="bold" if counts[i] > 1 else "normal")
+        unseen = sorted(set(range(size)) - set(counts))
+        ax.set_title(title + (f"\nnever seen: {unseen}" if unseen else ""), fontsize=9)
+        ax.set_xlim(0, per_rank), ax.set_ylim(world_size, 0)
+        ax.set_yticks([r + 0.5 for r in range(world_size)], [f"rank {r}" for r in range(world_size)], fontsize=8)
+        ax.set_xticks([]), ax.set_frame_on(False)
+    fig.suptitle(f"{size} samples over {world_size} ranks (hatched: served twice)", fontsize=10)
+    fig.tight_layout()
+    plt.close(fig)
+    return fig
