@@ -1,0 +1,135 @@
+"""Check of exercises/resume.py: save_checkpoint(path, ddp_model, optimizer, epoch, step) and
+load_checkpoint(path, ddp_model, optimizer) -> (epoch, step), used by a training loop that stops mid-epoch.
+
+At 2 and 3 ranks: an uninterrupted run, and a run that saves at epoch 1 step 2, then starts again from a
+*different* model and optimizer, loads, and finishes. The resumed parameters must hash like the uninterrupted
+ones. torch.save and torch.load are watched: who wrote (rank 0 only; its write is made slow, so a rank that
+reads without waiting for it fails), and torch.load's arguments (a map_location; weights_only not turned off).
+"""
+import hashlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import common
+from common import all_ranks, call, case, fail, load_learner, passed, start, worlds
+
+EPOCHS, STEPS, STOP_AT = 2, 4, (1, 2)
+saves, loads = [], []
+real_save, real_load = torch.save, torch.load
+
+
+def watched_save(obj, f, *args, **kwargs):
+    saves.append(str(f))
+    if dist.is_initialized() and dist.get_rank() == 0:
+        import time
+        time.sleep(0.3)  # a slow disk: a rank that loads without waiting for this write finds no file
+    return real_save(obj, f, *args, **kwargs)
+
+
+def watched_load(f, *args, **kwargs):
+    loads.append({"map_location": kwargs.get("map_location", args[0] if args else None),
+                  "weights_only": kwargs.get("weights_only")})
+    try:
+        return real_load(f, *args, **kwargs)
+    except FileNotFoundError:
+        fail(f"rank {dist.get_rank()} read the checkpoint before rank 0 had written it: after rank 0 saves, "
+             "every rank must wait for it (dist.barrier()) before loading")
+
+
+torch.save, torch.load = watched_save, watched_load  # before the learner's file is imported
+
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    # No biases: the gradients then become ready in the reverse order of the parameters, which is DDP's first
+    # bucket layout too. Otherwise DDP's rebuilt layout (after a model's first step) differs from its first one,
+    # gloo sums 3 ranks' values in a different order, and the last bits differ for a reason unrelated to resuming.
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8, bias=False), torch.nn.Tanh(),
+                                    torch.nn.Linear(8, 2, bias=False)))
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # momentum: state that must resume
+
+
+def train(model, optimizer, begin=(0, 0), stop_at=None, learner=None, path=None):
+    """The given training loop: (epoch, step) is where training continues; stop_at saves there and returns."""
+    for epoch in range(begin[0], EPOCHS):
+        for step in range(begin[1] if epoch == begin[0] else 0, STEPS):
+            if (epoch, step) == stop_at:
+                call(learner.save_checkpoint, path, model, optimizer, epoch, step)
+                return
+            generator = torch.Generator().manual_seed(1000 * epoch + 10 * step + dist.get_rank())
+            x, y = torch.randn(6, 4, generator=generator), torch.randn(6, 2, generator=generator)
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+
+
+def parameters_hash(model):
+    digest = hashlib.sha256()
+    for p in model.module.parameters():
+        digest.update(p.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def main():
+    start()
+    learner = load_learner("save_checkpoint", "load_checkpoint")
+    workdir = common.WORKDIR
+    for n in worlds(2, 3):
+        rank, where = dist.get_rank(), f"with {n} ranks"
+        case(f"{n} ranks: an uninterrupted run, then one stopped at epoch {STOP_AT[0]} step {STOP_AT[1]}")
+        model, optimizer = make_model(0)
+        train(model, optimizer)
+        uninterrupted = parameters_hash(model)
+
+        path = str(workdir / f"checkpoint_{n}_ranks.pt")
+        # The model that resumes, built now: building a DDP model is a collective (it broadcasts rank 0's
+        # weights), which between the save and the load would be the barrier the learner must write.
+        resumed, resumed_optimizer = make_model(1)  # a different start: only the checkpoint can make it right
+        model, optimizer = make_model(0)
+        saves.clear()
+        train(model, optimizer, stop_at=STOP_AT, learner=learner, path=path)
+        at_save = [p.detach().clone() for p in model.module.parameters()]
+        momentum_at_save = [optimizer.state[p]["momentum_buffer"].clone() for p in model.module.parameters()]
+
+        case(f"{n} ranks: resuming from the checkpoint into a new model and optimizer")
+        model, optimizer = resumed, resumed_optimizer
+        loads.clear()
+        resumed_at = call(learner.load_checkpoint, path, model, optimizer)  # right after the save: no barrier of ours
+        writers = [r for r, s in enumerate(all_ranks([f for f in saves if Path(f).name == Path(path).name])) if s]
+        if writers != [0]:
+            if not writers:
+                fail(f"no rank wrote the checkpoint to the path it was given {where} (torch.save(state, path))")
+            fail(f"rank(s) {writers} wrote the checkpoint {where}: only rank 0 should save "
+                 "(if dist.get_rank() == 0), every rank holds the same weights")
+        if not loads:
+            fail(f"load_checkpoint did not call torch.load {where}")
+        if any(load["map_location"] is None for load in loads):
+            fail(f"torch.load without map_location {where}: give it the rank's own device "
+                 "(map_location=device); on GPUs every rank would load rank 0's tensors onto cuda:0")
+        if any(load["weights_only"] is False for load in loads):
+            fail(f"torch.load(weights_only=False) {where}: a checkpoint of tensors, numbers and dicts loads with "
+                 "weights_only=True, which runs no code from the file")
+        if tuple(resumed_at or ()) != STOP_AT:
+            fail(f"load_checkpoint returned {resumed_at!r} {where}; the checkpoint was saved at (epoch, step) = "
+                 f"{STOP_AT}")
+        if any(not torch.equal(p, q) for p, q in zip(model.module.parameters(), at_save)):
+            fail(f"after load_checkpoint the model's parameters differ from those saved {where}")
+        state = [optimizer.state.get(p, {}).get("momentum_buffer") for p in model.module.parameters()]
+        if any(s is None or not torch.equal(s, m) for s, m in zip(state, momentum_at_save)):
+            fail(f"after load_checkpoint the optimizer's state (SGD's momentum) differs from the one saved {where}: "
+                 "save optimizer.state_dict() and load it back")
+        train(model, optimizer, begin=tuple(resumed_at))
+        hashes = all_ranks(parameters_hash(model))
+        if hashes[0] != uninterrupted:
+            fail(f"the resumed run's parameters hash {hashes[0]}, the uninterrupted run's {uninterrupted} {where}")
+        if rank == 0:
+            Path(path).unlink(missing_ok=True)
+    passed(f"2 and 3 ranks: resumed from epoch {STOP_AT[0]} step {STOP_AT[1]}, parameters hash like the "
+           "uninterrupted run's; only rank 0 wrote; torch.load with map_location, weights_only not turned off")
+
+
+if __name__ == "__main__":
+    main()

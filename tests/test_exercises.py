@@ -1,0 +1,140 @@
+"""The exercises and their checks (lessons/check.py, lessons/exercise_checks/): on real ranks, under torchrun.
+
+Every solution passes; every starter fails; for each exercise a typical wrong answer (tests/exercise_mistakes/)
+fails with the hint that names its mistake; a file that defines nothing, one that hangs and bad usage each get
+one clear line. The notebooks' check cells are nbval-skip: these tests are where the checks run.
+Each test is one launch of a few seconds; `launch_env` fails a test that leaves a process behind.
+"""
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MARKER
+
+check_module = importlib.import_module("lessons.check")  # the module; `lessons.check` is the function
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "exercises" / "solutions"
+MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
+NAMES = list(check_module.EXERCISES)
+
+
+def solution(name):
+    return SOLUTIONS / name if name == "find_the_hang" else SOLUTIONS / f"{name}.py"
+
+
+def verdict(capsys):
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines, "the check printed nothing"
+    return lines[0], out
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_solution_passes(name, launch_env, monkeypatch, capsys):
+    monkeypatch.setenv(MARKER, launch_env[MARKER])  # main() launches with this process's environment
+    status = check_module.main([name, str(solution(name))])
+    first, out = verdict(capsys)
+    assert (status, first) == (0, f"PASS {name}"), out
+
+
+STARTER_HINTS = {
+    "ring_allreduce": "the tensor is unchanged with 2 ranks (length 1)",
+    "average_gradients": "no gradient was averaged",
+    "convert_to_ddp": "never called dist.init_process_group()",
+    "unpadded_eval": "counted twice with 2 ranks and a data set of 1 sample",
+    "resume": "rank(s) [0, 1] wrote the checkpoint with 2 ranks: only rank 0 should save",
+    "no_sync": "3 all-reduces per step (3 ranks, k = 3): the forward and backward of the first k-1 micro-batches",
+    "find_the_hang": "it hangs: no result within 4 s, while checking rank_conditional.py at 3 ranks",
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_starter_fails(name, launch_env, capsys):
+    result = lessons_check(name, None, launch_env, timeout=4 if name == "find_the_hang" else None)
+    first, out = verdict(capsys)
+    assert not result.passed and first.startswith(f"FAIL {name}: "), out
+    assert STARTER_HINTS[name] in first, out
+    if name == "find_the_hang":  # where each rank was, from the stacks: rank 0 alone in the all_reduce
+        assert "rank 0: all_reduce \u2190 main (rank_conditional.py:23)" in out, out
+        assert "rank 1: barrier \u2190 main (rank_conditional.py:28)" in out, out
+
+
+MISTAKE_HINTS = [
+    ("ring_allreduce", "ring_send_everything.py",
+     "rank 0 sent 192 bytes for a tensor of 96 bytes with 3 ranks; a ring sends at most"),
+    ("average_gradients", "average_gradients_no_division.py", "gradients are 3x too large"),
+    ("average_gradients", "average_gradients_frozen_crash.py",
+     "average_gradients() raised on rank 0 with 3 ranks: TypeError: Invalid function argument. Expected parameter"
+     " `tensor` of type torch.Tensor (a parameter with requires_grad=False has no .grad: skip parameters whose grad"
+     " is None)"),
+    ("convert_to_ddp", "convert_to_ddp_no_set_epoch.py", "saw epoch 1 in epoch 0's order with 2 ranks"),
+    ("unpadded_eval", "unpadded_eval_mean_of_accuracies.py", "an average of per-rank accuracies"),
+    ("resume", "resume_no_barrier.py", "read the checkpoint before rank 0 had written it"),
+    ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),
+    ("find_the_hang", "find_the_hang_early_stop_any_rank.py", "early_stop.py finished, but its RESULT is"),
+]
+
+
+@pytest.mark.parametrize("name, mistake, hint", MISTAKE_HINTS, ids=[m[1][:-3] for m in MISTAKE_HINTS])
+def test_typical_mistake_gets_its_hint(name, mistake, hint, launch_env, capsys, tmp_path):
+    path = MISTAKES / mistake
+    if name == "find_the_hang":  # the solutions' folder, with this one script wrong
+        path = shutil.copytree(solution(name), tmp_path / "find_the_hang")
+        shutil.copy(MISTAKES / mistake, path / "early_stop.py")
+    result = lessons_check(name, path, launch_env)
+    first, out = verdict(capsys)
+    assert not result.passed and first.startswith(f"FAIL {name}: "), out
+    assert hint in first, out
+
+
+def test_defines_nothing_through_the_command_line():
+    """Found before any launch: the name is missing from the file (what it does is only ever run and measured)."""
+    done = subprocess.run([sys.executable, "-m", "lessons.check", "unpadded_eval",
+                           str(MISTAKES / "defines_nothing.py")], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 1, done
+    assert done.stdout.splitlines()[0] == ("FAIL unpadded_eval: defines_nothing.py defines no function evaluate: "
+                                           "the exercise asks for evaluate()"), done
+
+
+def test_a_syntax_error_or_a_missing_script_is_one_line(tmp_path, capsys):
+    broken = tmp_path / "resume.py"
+    broken.write_text("def save_checkpoint(path, ddp_model, optimizer, epoch, step)\n    pass\n")
+    assert not check_module.check("resume", broken)
+    assert capsys.readouterr().out == "FAIL resume: resume.py has a syntax error at line 1: expected ':'\n"
+    (tmp_path / "early_stop.py").write_text("")
+    assert not check_module.check("find_the_hang", tmp_path)
+    assert capsys.readouterr().out.startswith(f"FAIL find_the_hang: {tmp_path} has no rank_conditional.py, "
+                                              "shape_mismatch.py: the check runs your fixed copies")
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "usage: python -m lessons.check NAME [PATH]"),
+    (["no_such_exercise"], "error: unknown exercise 'no_such_exercise': one of ring_allreduce, "),
+    (["ring_allreduce", "no/such/file.py"], "error: no such file: no/such/file.py"),
+    (["find_the_hang", "exercises/find_the_hang/early_stop.py"], "error: find_the_hang checks a folder"),
+    (["resume", "a.py", "b.py"], "usage: python -m lessons.check NAME [PATH]"),
+])
+def test_bad_usage_exits_2(argv, message, capsys):
+    assert check_module.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message), err
+
+
+def test_bad_usage_from_a_cell_is_one_clear_error():
+    with pytest.raises(ValueError, match=r"^unknown exercise 'ring': one of ring_allreduce"):
+        check_module.check("ring")
+
+
+def test_the_command_line_exits_2():
+    done = subprocess.run([sys.executable, "-m", "lessons.check", "nope"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert (done.returncode, done.stdout) == (2, ""), done
+    assert done.stderr.startswith("error: unknown exercise 'nope'"), done.stderr  # and no runpy warning before it
+
+
+def lessons_check(name, path, launch_env, timeout=None):
+    return check_module.check(name, path, env=launch_env, timeout=timeout)
