@@ -27,7 +27,15 @@ $(STAMP): pyproject.toml constraints.txt
 	       && { $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true; }; }
 	touch $(STAMP)
 
-lab: setup
+# JupyterLab's first screen would ask "get notified about official Jupyter news?": answered "no" here, in the defaults
+# of this venv's JupyterLab (overrides.json), so the learner's first screen is lesson 00. No news and no update checks
+# also mean no network. A learner's own settings still win over these defaults.
+LAB_OVERRIDES = $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): $(STAMP) Makefile
+	mkdir -p $(dir $@)
+	printf '%s\n' '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
+lab: setup $(LAB_OVERRIDES)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. --ServerApp.allow_root=True notebooks/00_start_here.ipynb
 
 # The browser test drives Debian's chromium (never a downloaded browser). Install it where

@@ -2,8 +2,7 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/crash_on_rank1.py [--without-record]
 
-@record (torch.distributed.elastic) writes a rank's traceback, with a timestamp, to the error file
-torchrun gives each worker; torchrun's summary then shows it. --without-record leaves it off.
+@record writes the rank's traceback to the error file torchrun reads (appendix 99, section 3).
 """
 import sys
 

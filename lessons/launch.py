@@ -132,6 +132,13 @@ def torchrun(
     return launch
 
 
+def loopback_interface(platform: str | None = None) -> str:
+    """The loopback interface's name, for GLOO_SOCKET_IFNAME: gloo then keeps its sockets on this machine.
+    "lo" on Linux (WSL2 included: it runs a Linux kernel); "lo0" on macOS and the BSDs."""
+    platform = sys.platform if platform is None else platform
+    return "lo0" if platform == "darwin" or platform.startswith(("freebsd", "openbsd", "netbsd")) else "lo"
+
+
 def launch_environment(env: dict[str, str] | None, threads_per_rank: int = 1,
                        store_per_round: bool = False) -> dict[str, str]:
     """The environment of a torchrun agent and its workers; ``env`` has the last word."""
@@ -142,7 +149,7 @@ def launch_environment(env: dict[str, str] | None, threads_per_rank: int = 1,
         "PYTHONUNBUFFERED": "1",  # a rank that crashes has printed what it printed
         **(env or {}),
     }
-    worker_env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on loopback
+    worker_env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())  # gloo's sockets on loopback
     if store_per_round:
         # torch 2.14: a group that restarts (lesson 07) or re-forms (elastic, lesson 10) reuses the agent's store,
         # which still holds the last round's keys; the new round may then fail with "Connection refused" or hang
@@ -163,7 +170,7 @@ def command_line(script: str | os.PathLike, nproc: int = 2, args: tuple | list =
     """The terminal command for the same launch: what torchrun() runs, with the environment it sets.
     Left out: --log-dir and --redirects=3, which torchrun() adds to keep each rank's output apart; in a
     terminal you want it on the console, where the ranks' lines interleave."""
-    env = [f"OMP_NUM_THREADS={threads_per_rank}", "GLOO_SOCKET_IFNAME=lo"]
+    env = [f"OMP_NUM_THREADS={threads_per_rank}", f"GLOO_SOCKET_IFNAME={loopback_interface()}"]
     if max_restarts:
         env.append("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
     return shlex.join([*env, "torchrun", *_torchrun_flags(nproc, max_restarts), str(script), *map(str, args)])

@@ -145,3 +145,40 @@ def plot_overlap(*results: dict):
     ax.set_xlabel("ms from the start of backward() (last step, rank 0)")
     ax.legend(loc="lower right", fontsize=8)
     return finished(fig)
+
+
+def ddp_picture(world_size: int = 2, save: str | None = None):
+    """DDP in one picture: one process per device, each with a full replica and its own shard of the batch;
+    backward() all-reduces (averages) the gradients, so every optimizer step gives identical weights.
+    ``save``: also write the figure to this path (PNG, no timestamp, so the same picture is the same file)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3.2 * world_size + 1.6, 4.6))
+    rows = [  # (y, text, colour) for each rank, top to bottom
+        (5.0, "process rank {r}\n(one per device: cuda:{r}, or a CPU process)", "#eeeeee"),
+        (4.0, "data shard {r}: batch B/{n}\n(DistributedSampler)", "#fde9c8"),
+        (3.0, "model replica (rank 0's weights, copied at wrap)\nforward + loss on its shard", "#dde8f7"),
+        (2.0, "backward: local gradients", "#dde8f7"),
+        (0.5, "optimizer.step()\nweights identical on every rank", "#d9f2dc"),
+    ]
+    for r in range(world_size):
+        for y, text, colour in rows:
+            ax.text(r, y, text.format(r=r, n=world_size), ha="center", va="center", fontsize=8.5,
+                    bbox={"boxstyle": "round", "facecolor": colour, "edgecolor": "#888"})
+        for top, bottom in ((5.0, 4.0), (4.0, 3.0), (3.0, 2.0)):
+            ax.annotate("", xy=(r, bottom + 0.32), xytext=(r, top - 0.32), arrowprops={"arrowstyle": "->", "color": "#555"})
+        ax.annotate("", xy=(r, 1.5), xytext=(r, 2.0 - 0.2), arrowprops={"arrowstyle": "->", "color": "#555"})
+        ax.annotate("", xy=(r, 0.5 + 0.38), xytext=(r, 1.05), arrowprops={"arrowstyle": "->", "color": "#555"})
+    # The all-reduce: a band across every rank, during backward, bucket by bucket.
+    ax.add_patch(plt.Rectangle((-0.45, 1.05), world_size - 0.1, 0.45, facecolor="#f6d5d5", edgecolor="#c33"))
+    ax.text((world_size - 1) / 2, 1.27, "all-reduce: every rank gets the average of all ranks' gradients\n"
+            "(during backward, overlapped with it)", ha="center", va="center", fontsize=8.5, color="#900")
+    ax.set_xlim(-0.75, world_size - 0.25)
+    ax.set_ylim(0.0, 5.6)
+    ax.axis("off")
+    ax.set_title(f"DistributedDataParallel on {world_size} devices: same start, same gradients, same weights",
+                 fontsize=10)
+    fig = finished(fig)
+    if save:
+        fig.savefig(save, dpi=110, metadata={"Software": None})
+    return fig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import processes
 from .failure import LaunchError, last_exception, traceback_of
-from .launch import _check_arguments
+from .launch import _check_arguments, loopback_interface
 from .rank_output import RESULT_PREFIX, LaunchResult, parse_result, read
 
 _RANK_LINE = re.compile(r"^rank (\d+)\b")
@@ -25,7 +25,8 @@ def run_python(script: str | os.PathLike, args: tuple | list = (), timeout: floa
                show: bool = True, env: dict[str, str] | None = None, threads_per_rank: int = 1) -> LaunchResult:
     """Run ``python SCRIPT ARGS``; rank 0's ``RESULT {json}`` is ``.result``."""
     script, _, args, timeout = _check_arguments(script, 1, args, timeout, threads_per_rank, 0)
-    child_env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "GLOO_SOCKET_IFNAME": "lo", **(env or {})}
+    child_env = {**os.environ, "OMP_NUM_THREADS": str(threads_per_rank), "GLOO_SOCKET_IFNAME": loopback_interface(),
+                 **(env or {})}
     # Ranks share one stdout: each print() must reach it as one write, which PYTHONUNBUFFERED would split.
     child_env.pop("PYTHONUNBUFFERED", None)
     command = [sys.executable, str(script), *args]

@@ -188,3 +188,22 @@ def test_root_cause_from_record_error_files_prefers_own_errors_on_a_timestamp_ti
     launch = LaunchResult(returncode=1, attempts=[Attempt(0, errors={0: error("KeyError: a", 99), 1: error("ValueError: b", 100)})])
     assert recorded_root_cause(launch)[0] == 0  # earliest first, as torchrun does
     assert recorded_root_cause(LaunchResult(returncode=1, attempts=[Attempt(0)])) is None
+
+
+@pytest.mark.parametrize("platform, interface", [
+    ("linux", "lo"),  # WSL2 reports linux too: it runs a Linux kernel
+    ("darwin", "lo0"),
+    ("freebsd14", "lo0"),
+])
+def test_gloo_stays_on_the_loopback_interface_of_each_platform(platform, interface, monkeypatch):
+    from lessons.launch import loopback_interface
+    assert loopback_interface(platform) == interface
+    monkeypatch.setattr(sys, "platform", platform)  # what the launchers see on that platform
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert lessons.launch.launch_environment(None)["GLOO_SOCKET_IFNAME"] == interface
+    assert f"GLOO_SOCKET_IFNAME={interface} torchrun " in lessons.command_line("x.py")
+
+
+def test_a_gloo_interface_set_by_the_learner_is_kept(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    assert lessons.launch.launch_environment(None)["GLOO_SOCKET_IFNAME"] == "eth0"
