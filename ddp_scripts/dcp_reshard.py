@@ -1,11 +1,13 @@
-"""Distributed checkpoints: save an FSDP2-sharded model from N ranks, load it on M ranks, resharded.
+"""Distributed checkpoints: save an FSDP2-sharded model and its optimizer from N ranks, load them on M ranks.
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/dcp_reshard.py --save /tmp/dcp
     torchrun --standalone --nproc-per-node=3 ddp_scripts/dcp_reshard.py --load /tmp/dcp
 
 With torch.distributed.checkpoint every rank writes its own shards, in parallel, and nobody gathers the
 full model (lesson 07's torch.save from rank 0 gathers everything on one rank first). The files record
-which slice of which tensor each piece is, so a different number of ranks can load them.
+which slice of which tensor each piece is, so a different number of ranks can load them. The save is
+dcp.async_save: it copies the state to CPU memory, returns, and writes in a background thread while
+training could go on; .result() waits for the files.
 """
 import argparse
 import json
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -30,6 +32,24 @@ def sharded_model(seed, widths, device, world):
     for layer in model:
         fully_shard(layer, mesh=mesh)
     return fully_shard(model, mesh=mesh)
+
+
+def trained_one_step(model, widths, device):
+    """An AdamW step, so that the optimizer has state to save (its two moments per parameter)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)  # after fully_shard: on the sharded parameters
+    model(torch.ones(4, widths[0], device=device)).square().mean().backward()
+    optimizer.step()
+    return optimizer
+
+
+def full_state(model, optimizer):
+    """Every tensor of the model and of AdamW's state, gathered whole on this rank: the reference to compare."""
+    names = {p: n for n, p in model.named_parameters()}
+    state = {f"model.{k}": v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    for p, moments in optimizer.state.items():
+        for k in ("exp_avg", "exp_avg_sq"):
+            state[f"optim.{names[p]}.{k}"] = moments[k].full_tensor().cpu()
+    return state
 
 
 def rows_held(model):
@@ -46,13 +66,19 @@ def main():
         sys.exit("give --save DIR or --load DIR")
     widths = [int(w) for w in args.widths.split(",")]
     backend, device = ddp_common.backend_and_device()
-    dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    # async_save needs a CPU backend in the group: on GPUs, nccl for CUDA tensors and gloo for CPU ones.
+    dist.init_process_group("cuda:nccl,cpu:gloo" if backend == "nccl" else backend,
+                            device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
 
     if args.save:
         model = sharded_model(0, widths, device, world)
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=args.save)  # every rank writes its shards
-        full = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}  # a reference, for the check
+        optimizer = trained_one_step(model, widths, device)
+        model_state, optim_state = get_state_dict(model, optimizer)  # sharded, keyed by parameter name
+        saving = dcp.async_save({"model": model_state, "optim": optim_state}, checkpoint_id=args.save)
+        # ... training could go on here: the state was copied before async_save returned ...
+        saving.result()  # every rank's shards are written
+        full = full_state(model, optimizer)  # a reference, for the check
         if rank == 0:
             torch.save(full, args.save / "reference.pt")
             files = sorted(p.name for p in args.save.iterdir())
@@ -60,22 +86,25 @@ def main():
             print("RESULT " + json.dumps({"world_size": world, "saved": True, "files": files}))
     else:
         model = sharded_model(1, widths, device, world)  # another seed: the load must overwrite every value
-        state = get_model_state_dict(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        model_state, optim_state = get_state_dict(model, optimizer)  # AdamW's state, created empty to load into
+        state = {"model": model_state, "optim": optim_state}
         try:
-            dcp.load({"model": state}, checkpoint_id=args.load)  # each rank reads the slices it now owns
+            dcp.load(state, checkpoint_id=args.load)  # each rank reads the slices it now owns
         except (Exception, dcp.api.CheckpointException) as e:  # CheckpointException is a BaseException
             failures = getattr(e, "failures", None)  # rank -> (exception, its traceback) for a CheckpointException
             cause = next(iter(failures.values()))[0] if failures else e
             sys.exit(f"{args.load} is not a checkpoint of this model: {type(cause).__name__}: "
                      f"{str(cause).strip().splitlines()[0][:200]}")
-        set_model_state_dict(model, state)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         reference = torch.load(args.load / "reference.pt", map_location="cpu", weights_only=True)
-        diff = max((v.full_tensor().cpu() - reference[k]).abs().max().item() for k, v in model.state_dict().items())
+        loaded = full_state(model, optimizer)
+        diff = max((loaded[k] - reference[k]).abs().max().item() for k in reference)
         if rank == 0:
             print(f"loaded on {world} ranks: rows of each weight on rank 0 {rows_held(model)}; "
                   f"max |loaded - saved| {diff:.1e}")
             print("RESULT " + json.dumps({"world_size": world, "loaded_equals_saved": diff == 0, "max_abs_diff": diff,
-                                          "rows_on_rank0": rows_held(model)}))
+                                          "tensors_compared": sorted(reference), "rows_on_rank0": rows_held(model)}))
     dist.destroy_process_group()
 
 

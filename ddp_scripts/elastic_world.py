@@ -26,7 +26,9 @@ def main():
     backend, device = backend_and_device()
     dist.init_process_group(backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])  # 0 for the first group, +1 per re-formation
+    # Restarts after a failure (--max-restarts), not re-formations: a node joining leaves it at 0
+    # ("membership changes do not count as retries", torch/distributed/elastic/agent/server/api.py).
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     print(f"restart {restart}: rank {rank} of {world_size} (node {os.environ['GROUP_RANK']})")
 
     # Work in steps, each a collective. A real job would load its last checkpoint here (lesson 07):

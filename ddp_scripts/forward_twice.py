@@ -10,7 +10,8 @@ From torch 2.6 it was raised here again (pytorch issue 175024) until a 2026 fix 
 175851): the DDP installed here hides its broadcast from autograd's version counter. Each way runs on a fresh model, two training steps each:
   two-forwards              out1 = model(a); out2 = model(b); loss(out1, out2).backward()
   as-older-ddp              the same, with the buffer broadcast done in place, as DDP did before the fix
-  forward_sync_buffers=False  fix 1: no broadcast in forward (was broadcast_buffers=False, deprecated in 2.14)
+  forward_sync_buffers=False  fix 1: no broadcast in forward (broadcast_buffers=False, deprecated in 2.13, did
+                              the same, but also skipped the buffers' broadcast at construction; this does not)
   one-forward               fix 2: one forward on torch.cat([a, b]), split afterwards
 """
 import json

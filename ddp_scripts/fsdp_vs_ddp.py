@@ -2,9 +2,11 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/fsdp_vs_ddp.py
 
-The same MLP trains a few AdamW steps twice from the same start: wrapped in DDP (every rank holds all the
+The same MLP trains a few AdamW steps from the same start: wrapped in DDP (every rank holds all the
 parameters, gradients and optimizer states), and with fully_shard on each layer, then on the whole model
 (every rank holds a 1/N shard of each, and gathers a layer's full parameters just before it runs).
+Two more FSDP2 runs change one thing each: MixedPrecisionPolicy (bf16 compute, fp32 reduction), and
+reshard_after_forward=False (keep the gathered parameters from forward to backward).
 """
 import argparse
 import json
@@ -15,29 +17,39 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import ddp_common  # import before init_process_group (see ddp_common.py)
 
 EVENTS = []  # what happened on this rank, in order: layers' forward/backward, FSDP2's collectives
-
+TRAFFIC = []  # (collective, bytes of its full-size tensor) for the same collectives
+VARIANTS = {  # fully_shard's keyword arguments
+    "fully_shard": {},
+    "MixedPrecisionPolicy(bf16, fp32)": {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                           reduce_dtype=torch.float32)},
+    "reshard_after_forward=False": {"reshard_after_forward": False},
+}
 
 # FSDP2 warns that the root's output is a view, which an in-place op would break; we do none.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
 
 
-def counted(name, collective):
+def counted(name, collective, full_size_tensor):
     def wrapper(*args, **kwargs):
         EVENTS.append(name)
+        t = full_size_tensor(args, kwargs)
+        TRAFFIC.append((name, t.numel() * t.element_size()))
         return collective(*args, **kwargs)
     return wrapper
 
 
 # FSDP2 calls these two through the torch.distributed module: wrapping them counts every call.
-dist.all_gather_single = counted("all-gather", dist.all_gather_single)
-dist.reduce_scatter_single = counted("reduce-scatter", dist.reduce_scatter_single)
+dist.all_gather_single = counted("all-gather", dist.all_gather_single,  # the gathered output
+                                 lambda args, kwargs: args[0] if args else kwargs["output_tensor"])
+dist.reduce_scatter_single = counted("reduce-scatter", dist.reduce_scatter_single,  # the full-size input
+                                     lambda args, kwargs: args[1] if len(args) > 1 else kwargs["input"])
 
 
 def make_model(widths):
@@ -70,14 +82,27 @@ def bytes_held(model, optimizer):
 
 
 def train(model, x, y, steps):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)  # after fully_shard: on the sharded parameters
     for step in range(steps):
         if step == steps - 1:
             EVENTS.clear()  # keep the last step's events: a steady step
+            TRAFFIC.clear()
         optimizer.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        out = model(x)
+        nn.functional.mse_loss(out.float(), y).backward()
         optimizer.step()
-    return optimizer
+    return optimizer, str(out.dtype).removeprefix("torch.")
+
+
+def fsdp2(widths, device, world, kwargs):
+    model = make_model(widths).to(device)
+    mesh = init_device_mesh(device.type, (world,))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh, **kwargs)  # each layer its own unit: gathered just before it runs
+    fully_shard(model, mesh=mesh, **kwargs)  # the root: whatever is left, and the hooks that drive the rest
+    log_layers(model)
+    return model
 
 
 def main():
@@ -98,29 +123,35 @@ def main():
     x, y = x_all[8 * rank: 8 * (rank + 1)].to(device), y_all[8 * rank: 8 * (rank + 1)].to(device)
 
     ddp = DDP(make_model(widths).to(device), device_ids=[device.index] if device.type == "cuda" else None)
-    ddp_bytes = bytes_held(ddp.module, train(ddp, x, y, args.steps))
+    ddp_optimizer, _ = train(ddp, x, y, args.steps)
+    ddp_bytes = bytes_held(ddp.module, ddp_optimizer)
     ddp_params = [p.detach().cpu() for p in ddp.module.parameters()]
 
-    model = make_model(widths).to(device)
-    mesh = init_device_mesh(device.type, (world,))
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)  # each layer its own unit: gathered just before it runs
-    fully_shard(model, mesh=mesh)  # the root: whatever is left, and the hooks that drive the rest
-    log_layers(model)
-    fsdp_bytes = bytes_held(model, train(model, x, y, args.steps))
-    fsdp_params = [p.full_tensor().cpu() for p in model.parameters()]  # gathers each shard: a collective
-    diff = max((a - b).abs().max().item() for a, b in zip(ddp_params, fsdp_params))
+    variants = {}
+    for name, kwargs in VARIANTS.items():
+        model = fsdp2(widths, device, world, kwargs)
+        optimizer, output_dtype = train(model, x, y, args.steps)
+        events, traffic = list(EVENTS), list(TRAFFIC)
+        params = [p.full_tensor().cpu() for p in model.parameters()]  # gathers each shard: a collective
+        variants[name] = {
+            **bytes_held(model, optimizer), "output_dtype": output_dtype,
+            "sharded_param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "max_abs_diff": max((a - b).abs().max().item() for a, b in zip(ddp_params, params)),
+            "allgathers_per_step": events.count("all-gather"),
+            "reduce_scatters_per_step": events.count("reduce-scatter"),
+            "allgather_bytes_per_step": sum(b for n, b in traffic if n == "all-gather"),
+            "reduce_scatter_bytes_per_step": sum(b for n, b in traffic if n == "reduce-scatter"), "events": events}
 
     if rank == 0:
-        events = list(EVENTS)
-        result = {"world_size": world, "widths": widths, "matches_ddp": diff < 1e-5, "max_abs_diff": diff,
-                  **{f"ddp_{k}": v for k, v in ddp_bytes.items()}, **{f"fsdp2_{k}": v for k, v in fsdp_bytes.items()},
-                  "allgathers_per_step": events.count("all-gather"),
-                  "reduce_scatters_per_step": events.count("reduce-scatter"), "events": events}
+        fsdp = variants["fully_shard"]
+        result = {"world_size": world, "widths": widths, "matches_ddp": fsdp["max_abs_diff"] < 1e-5,
+                  "max_abs_diff": fsdp["max_abs_diff"], **{f"ddp_{k}": v for k, v in ddp_bytes.items()},
+                  **{f"fsdp2_{k}": fsdp[k] for k in ddp_bytes}, "allgathers_per_step": fsdp["allgathers_per_step"],
+                  "reduce_scatters_per_step": fsdp["reduce_scatters_per_step"], "events": fsdp["events"],
+                  "variants": {n: {k: v for k, v in r.items() if k != "events"} for n, r in variants.items()}}
         for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):
-            print(f"{what:>15}: DDP {ddp_bytes[what]:>7,} bytes on each rank, FSDP2 {fsdp_bytes[what]:>7,} on rank 0 "
-                  f"({fsdp_bytes[what] / ddp_bytes[what]:.2f} of DDP's)")
+            print(f"{what:>15}: DDP {ddp_bytes[what]:>7,} bytes on each rank, FSDP2 {fsdp[what]:>7,} on rank 0 "
+                  f"({fsdp[what] / ddp_bytes[what]:.2f} of DDP's)")
         print("RESULT " + json.dumps(result))
     dist.destroy_process_group()
 

@@ -20,8 +20,11 @@ from ddp_common import backend_and_device  # import before init_process_group
 
 
 def evaluate(model, device) -> float:
+    model.eval()  # BatchNorm uses its running statistics; DDP still syncs buffers (require_forward_param_sync)
     with torch.no_grad():
-        return model(torch.ones(4, 8, device=device)).mean().item()
+        score = model(torch.ones(4, 8, device=device)).mean().item()
+    model.train()
+    return score
 
 
 def main():
@@ -47,14 +50,14 @@ def main():
             score = evaluate(model.module if args.fix else model, device)
             print(f"rank 0: evaluated, score {score:.4f}")
         print(f"rank {rank}: at the barrier", flush=True)
-        if args.barrier == "monitored":  # gloo only: rank 0 waits for each rank in turn, and names the missing one
+        if args.barrier == "monitored":  # needs a CPU backend (gloo): rank 0 hears from each rank, names a missing one
             dist.monitored_barrier(timeout=datetime.timedelta(seconds=args.collective_timeout))
         else:
             dist.barrier()
     except Exception as error:
         print(f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0]}")
         if args.flight_recorder:
-            print_flight_recorder(rank)
+            print_flight_recorder(rank, backend)
         raise
     print(f"rank {rank}: passed the barrier")
     if rank == 0:
@@ -62,9 +65,11 @@ def main():
     dist.destroy_process_group()
 
 
-def print_flight_recorder(rank):
-    from torch._C._distributed_c10d import _dump_fr_trace_json
-    entries = json.loads(_dump_fr_trace_json(includeCollectives=True))["entries"]
+def print_flight_recorder(rank, backend):
+    # Two recorders: ProcessGroupNCCL records into the CUDA one, gloo (and other CPU backends) into the CPU one.
+    from torch._C._distributed_c10d import _dump_fr_trace_json, _dump_nccl_trace_json
+    dump = _dump_nccl_trace_json if backend == "nccl" else _dump_fr_trace_json
+    entries = json.loads(dump(includeCollectives=True))["entries"]
     for entry in entries:
         print(f"rank {rank}: flight recorder: #{entry['collective_seq_id']} {entry['profiling_name']} "
               f"sizes {entry['input_sizes']}")

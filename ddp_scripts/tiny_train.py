@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import ddp_common  # noqa: F401  (import before init_process_group: a clean exit)
+from ddp_common import backend_and_device  # import before init_process_group: a clean exit
 
 # What a launcher may set in the environment; train() reports which ones it found.
 LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")
@@ -23,17 +23,17 @@ LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_P
 
 def train(rank: int, world_size: int, launcher: str, local_rank: int | None = None, steps: int = 5):
     found = [name for name in LAUNCH_VARIABLES if name in os.environ]
-    local_rank = rank if local_rank is None else local_rank  # one machine: the local rank is the rank
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)  # each process its own GPU, before anything touches CUDA
-        backend, device = "nccl", torch.device("cuda", local_rank)
-    else:
-        backend, device = "gloo", torch.device("cpu")
+    # backend_and_device() takes nccl + cuda:LOCAL_RANK only when this machine has a GPU for every rank (else
+    # gloo: 2 ranks on 1 GPU would fail with "invalid device ordinal"). It reads LOCAL_RANK and LOCAL_WORLD_SIZE,
+    # which mp.spawn does not set: on one machine the local rank is the rank.
+    os.environ.setdefault("LOCAL_RANK", str(rank if local_rank is None else local_rank))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(world_size))
+    backend, device = backend_and_device()  # also set_device(LOCAL_RANK), before anything touches CUDA
     # rank and world_size explicit; the address still comes from MASTER_ADDR/MASTER_PORT (env://)
     dist.init_process_group(backend, rank=rank, world_size=world_size)
 
     torch.manual_seed(0)  # the same starting weights on every rank (DDP would broadcast rank 0's anyway)
-    model = DDP(nn.Linear(8, 1).to(device), device_ids=[local_rank] if device.type == "cuda" else None)
+    model = DDP(nn.Linear(8, 1).to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     data = torch.Generator().manual_seed(1)
     inputs = torch.randn(64, 8, generator=data)

@@ -6,9 +6,11 @@ Rank r gets 3 + r batches. Each backward() all-reduces the gradients, so every r
 the same number of them. The rank with the extra batch waits in its last backward for partners
 that have left the loop. torch's Join context manager fixes it: a rank that runs out of data
 keeps answering the others' all-reduces with zeros until every rank is done.
-The RESULT checks the outcome two ways: the weights are equal on every rank, and they equal
-what the same schedule gives in one process (the mean over the ranks that still had a batch,
-divided by the world size, as DDP's default divide_by_initial_world_size=True does).
+--join runs Join twice. First with throw_on_early_termination=True: every rank raises as soon as
+one runs out. Then the default, shadowing: the RESULT checks that the weights are equal on every
+rank, and equal to the same schedule in one process (the mean over the ranks that still had a
+batch, divided by the world size, as DDP's default divide_by_initial_world_size=True does), and
+counts the all-reduces Join adds to every step.
 """
 import argparse
 import datetime
@@ -22,6 +24,16 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddp_common import backend_and_device  # import before init_process_group
 
 LR = 0.1
+PYTHON_ALL_REDUCES = [0]  # Join's all-reduces go through dist.all_reduce; DDP's gradient all-reduce is C++
+_all_reduce = dist.all_reduce
+
+
+def counted_all_reduce(*args, **kwargs):
+    PYTHON_ALL_REDUCES[0] += 1
+    return _all_reduce(*args, **kwargs)
+
+
+dist.all_reduce = counted_all_reduce  # Join and DDP call it through the torch.distributed module
 
 
 def batches_of(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -50,6 +62,20 @@ def reference(world_size: int) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
+def fresh_ddp(device):
+    torch.manual_seed(0)  # the same start on every rank, and for every run
+    return DDP(torch.nn.Linear(3, 1).to(device))
+
+
+def train(model, batches, device) -> int:
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for x, y in batches:
+        optimizer.zero_grad()
+        loss_of(model, (x.to(device), y.to(device))).backward()  # all-reduces: every rank must be here
+        optimizer.step()
+    return len(batches)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--join", action="store_true", help="wrap the loop in torch's Join context manager")
@@ -59,33 +85,40 @@ def main():
     backend, device = backend_and_device()
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(3, 1).to(device))
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     batches = batches_of(rank)
     print(f"rank {rank}: {len(batches)} batches")
 
-    def train():
-        for x, y in batches:
-            optimizer.zero_grad()
-            loss_of(model, (x.to(device), y.to(device))).backward()  # all-reduces: every rank must be here
-            optimizer.step()
-
+    thrown, per_step = None, {}  # Join's own all-reduces per training step, on a rank that still has data
     if args.join:
+        model = fresh_ddp(device)
+        try:  # no shadowing: every rank raises once one has run out, and all stop at the same step
+            with Join([model], throw_on_early_termination=True):
+                before = PYTHON_ALL_REDUCES[0]
+                steps = train(model, batches, device)  # the rank with the extra batch raises in here
+                per_step["throw_on_early_termination=True"] = (PYTHON_ALL_REDUCES[0] - before) / steps
+        except RuntimeError as error:
+            thrown = str(error)
+        print(f"rank {rank}: throw_on_early_termination=True: RuntimeError: {thrown}")
+        model = fresh_ddp(device)
         with Join([model]):  # a rank out of data shadows the others' all-reduces until all are done
-            train()
+            before = PYTHON_ALL_REDUCES[0]
+            steps = train(model, batches, device)
+            per_step["default"] = (PYTHON_ALL_REDUCES[0] - before) / steps
     else:
-        train()
+        model = fresh_ddp(device)
+        train(model, batches, device)
     print(f"rank {rank}: finished its {len(batches)} batches")
 
     weights = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
     everyone = [None] * world_size
-    dist.all_gather_object(everyone, weights)
+    dist.all_gather_object(everyone, (weights, thrown))
     if rank == 0:
         print("RESULT " + json.dumps({
             "batches_per_rank": [3 + r for r in range(world_size)],
-            "weights_equal_on_every_rank": all(torch.equal(w, weights) for w in everyone),
-            "matches_one_process": torch.allclose(weights, reference(world_size), atol=1e-6)}))
+            "weights_equal_on_every_rank": all(torch.equal(w, weights) for w, _ in everyone),
+            "matches_one_process": torch.allclose(weights, reference(world_size), atol=1e-6),
+            "join_all_reduces_per_step": per_step,  # rank 0's
+            "thrown_with_throw_on_early_termination": [t for _, t in everyone]}))
     dist.destroy_process_group()
 
 

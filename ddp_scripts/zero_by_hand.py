@@ -1,9 +1,12 @@
-"""ZeRO from scratch: each rank keeps the optimizer state of 1/N of the parameters, checked against torch's.
+"""ZeRO-1 from scratch: each rank keeps the optimizer state of 1/N of the parameters, checked against torch's.
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/zero_by_hand.py
 
 One step: backward on every rank; reduce-scatter the gradients (each rank receives the averaged gradient of
 its own shard only); AdamW updates that shard; all-gather the updated shards into every rank's full copy.
+That is stage 1 (sharded optimizer state) with stage 2's communication: every rank still holds every full
+gradient, and more (the RESULT measures it). A real stage 2 reduce-scatters each bucket as backward
+produces it and frees those gradients; ZeroRedundancyOptimizer is stage 1 too.
 The references are DDP with torch's ZeroRedundancyOptimizer, and plain DDP with AdamW, from the same start on
 the same data; each reports the optimizer state that rank 0 holds.
 """
@@ -25,7 +28,7 @@ def make_model():
 
 
 class ShardedAdamW:
-    """Optimizer state for this rank's 1/N of one flat vector of all the parameters (ZeRO stage 1 and 2)."""
+    """Optimizer state for this rank's 1/N of one flat vector of all the parameters (ZeRO stage 1)."""
 
     def __init__(self, model, lr):
         self.params = list(model.parameters())
@@ -42,6 +45,9 @@ class ShardedAdamW:
 
     def step(self):
         grads = self.flatten([p.grad for p in self.params]) / self.world  # the mean, as DDP would give
+        # Not sharded: every full p.grad is still alive, and `grads` is a full-size copy next to them.
+        self.grad_bytes_at_reduce_scatter = sum(p.grad.numel() * p.grad.element_size() for p in self.params) \
+            + grads.numel() * grads.element_size()
         my_grad = torch.empty_like(self.shard)
         dist.reduce_scatter(my_grad, list(grads.chunk(self.world)))  # sum over ranks, of my shard only
         self.shard.grad = my_grad
@@ -97,6 +103,7 @@ def main():
     diff_ddp = max((a - b).abs().max().item() for a, b in zip(ours.parameters(), plain.module.parameters()))
     held = {"ours": optimizer.state_bytes(), "zero_redundancy_optimizer": state_bytes(reference.optim),
             "ddp_adamw": state_bytes(plain_adamw)}  # ZeroRedundancyOptimizer's local optimizer: its shard only
+    one_copy = sum(p.numel() * p.element_size() for p in ours.parameters())  # the gradients, once, unsharded
     if rank == 0:
         print(f"{args.steps} steps: ours == DDP + ZeroRedundancyOptimizer: max |diff| {diff:.1e}; == plain DDP + AdamW: "
               f"max |diff| {diff_ddp:.1e}")
@@ -104,7 +111,8 @@ def main():
               f"{held['zero_redundancy_optimizer']:,}, plain DDP {held['ddp_adamw']:,}")
         print("RESULT " + json.dumps({"world_size": world, "matches_zero_redundancy_optimizer": diff < 1e-6,
                                       "matches_ddp": diff_ddp < 1e-6, "max_abs_diff": max(diff, diff_ddp),
-                                      "optimizer_state_bytes": held}))
+                                      "optimizer_state_bytes": held, "gradient_bytes_one_copy": one_copy,
+                                      "gradient_bytes_at_reduce_scatter": optimizer.grad_bytes_at_reduce_scatter}))
     dist.destroy_process_group()
 
 

@@ -43,19 +43,21 @@ def plot_per_rank(world: int, precision: str):
 
 
 def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor, checkpointed: bool) -> dict:
-    """Bytes of activations autograd saves for backward during one forward (the weights it also saves are not
-    counted: they exist anyway), and how many layer forwards run in forward + backward.
+    """Bytes of activations autograd keeps for backward after one forward, each storage counted once (a Tanh's
+    output is saved by the Tanh and again as the next Linear's input: one tensor in memory), and how many layer
+    forwards run in forward + backward. The weights, saved too, are not counted: they exist anyway.
 
     With checkpointed=True each child of `model` runs under torch.utils.checkpoint (use_reentrant=False): it keeps
     only its input, and runs its forward again during backward to rebuild what it needs."""
     from torch.utils.checkpoint import checkpoint
 
-    saved, forwards = [0], [0]
-    weights = {p.data_ptr() for p in model.parameters()}  # saved too (for the input's gradient), but not activations
+    saved, forwards = {}, [0]  # storage address -> bytes: two references to one tensor hold its memory once
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(t):
-        if t.data_ptr() not in weights:
-            saved[0] += t.numel() * t.element_size()
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            saved[storage.data_ptr()] = storage.nbytes()
         return t
 
     handles = [m.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
@@ -65,7 +67,7 @@ def saved_activation_bytes(model: torch.nn.Module, x: torch.Tensor, checkpointed
             out = x
             for block in model.children():
                 out = checkpoint(block, out, use_reentrant=False) if checkpointed else block(out)
-        forward_bytes = saved[0]
+        forward_bytes = sum(saved.values())
         out.sum().backward()
     finally:
         for h in handles:

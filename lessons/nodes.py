@@ -3,6 +3,8 @@
 On a cluster you run one torchrun per node, each in its own terminal (or one per node from srun).
 ``torchrun_nodes()`` starts those agents from a cell, with the guarantees of ``torchrun()``: a timeout
 or Ctrl-C stops every agent and every worker, a failing rank raises ``LaunchError``. All on 127.0.0.1.
+On one host with GPUs, each agent gets its own slice of them (``gpu_slices``): every agent numbers
+LOCAL_RANK from 0, so without it two "nodes" would put their local rank 0 on the same GPU.
 """
 from __future__ import annotations
 
@@ -37,6 +39,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def visible_gpus(environ: dict[str, str]) -> list[str]:
+    """The GPUs the agents may use: CUDA_VISIBLE_DEVICES if set, else every GPU torch counts."""
+    if "CUDA_VISIBLE_DEVICES" in environ:
+        return [d for d in environ["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    import torch  # already imported in a notebook kernel; device_count() does not initialise CUDA
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def gpu_slices(nnodes: int, nproc_per_node: int, visible: list[str]) -> list[str] | None:
+    """CUDA_VISIBLE_DEVICES for each agent, when several agents share one host.
+
+    Each agent numbers LOCAL_RANK from 0 and a script takes cuda:LOCAL_RANK, so with every GPU visible to
+    every agent, global ranks 0 and nproc_per_node would both use GPU 0, and NCCL refuses that at init
+    ("Duplicate GPU detected", ncclInvalidUsage). So agent i sees only its own nproc_per_node GPUs. With too
+    few GPUs for one each, every agent sees none (""), and the scripts fall back to gloo on the CPU.
+    None: no GPU here, nothing to change."""
+    if not visible:
+        return None
+    if len(visible) < nnodes * nproc_per_node:
+        return [""] * nnodes
+    return [",".join(visible[i * nproc_per_node:(i + 1) * nproc_per_node]) for i in range(nnodes)]
+
+
 def node_flags(node: int, nnodes: int, nproc_per_node: int, rendezvous: str, port: int,
                min_nodes: int | None = None) -> list[str]:
     """torchrun's flags for agent number ``node``: the part of the command a learner types."""
@@ -53,7 +78,8 @@ def node_flags(node: int, nnodes: int, nproc_per_node: int, rendezvous: str, por
 def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: int = 2, args: tuple | list = (),
                    rendezvous: str = "c10d", node_ranks: list[int] | None = None, min_nodes: int | None = None,
                    join_when: str | None = None, timeout: float | None = 120, show: bool = True,
-                   env: dict[str, str] | None = None, port: int | None = None) -> NodesResult:
+                   env: dict[str, str] | None = None, port: int | None = None,
+                   torchrun_flags: tuple | list = ()) -> NodesResult:
     """Start ``nnodes`` torchrun agents, as ``nnodes`` machines would, and collect every rank.
 
     ``rendezvous="c10d"``: the agents meet at a store and it numbers the nodes; ``"static"``: each agent is
@@ -61,6 +87,8 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
     elastic (``--nnodes=MIN:MAX``); with ``join_when``, the later agents start only once node 0's rank 0
     has printed that text, so they join a job that is already running. ``port``: the rendezvous port
     (default: one that is free now); 0 lets the c10d store pick one, which works on one node only.
+    ``torchrun_flags``: more flags for every agent, e.g. ``["--tee=3", "--local-ranks-filter=0"]``: they show
+    in ``command_lines``, and what torchrun prints goes to each node's ``launcher_log``.
     """
     script, nproc_per_node, args, timeout = _check_arguments(script, nproc_per_node, args, timeout, 1, 0)
     node_ranks = _check_nodes(nnodes, rendezvous, node_ranks, min_nodes)
@@ -69,8 +97,22 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
     if port == 0 and (nnodes > 1 or rendezvous != "c10d"):
         raise ValueError("port 0 works only for one node with rendezvous='c10d': other nodes could not know the port")
     port = free_port() if port is None else port
+    torchrun_flags = [str(f) for f in torchrun_flags]
+    for flag in torchrun_flags:
+        if not flag.startswith("--") or flag.split("=")[0] in ("--log-dir", "--log_dir", "--redirects"):
+            raise ValueError(f"torchrun_flags takes flags such as --tee=3, not {flag!r} (--log-dir and "
+                             "--redirects are set by torchrun_nodes)")
     agent_env = launch_environment(env, store_per_round=min_nodes is not None)
-    flags = [node_flags(rank, nnodes, nproc_per_node, rendezvous, port, min_nodes) for rank in node_ranks]
+    agent_envs = [agent_env] * nnodes
+    gpus = visible_gpus(agent_env)
+    slices = gpu_slices(nnodes, nproc_per_node, gpus)
+    if slices is not None:
+        agent_envs = [{**agent_env, "CUDA_VISIBLE_DEVICES": devices} for devices in slices]
+        if slices[0] == "":
+            print(f"{len(gpus)} GPU(s) for {nnodes} x {nproc_per_node} ranks on one host: "
+                  "the agents see no GPU, and the ranks use gloo on the CPU")
+    flags = [node_flags(rank, nnodes, nproc_per_node, rendezvous, port, min_nodes) + torchrun_flags
+             for rank in node_ranks]
     launched = NodesResult(command_lines=[shlex.join(["torchrun", *f, str(script), *args]) for f in flags])
 
     with tempfile.TemporaryDirectory(prefix="ddp_lessons_nodes_") as root:
@@ -81,11 +123,11 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
         agents = []
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            agents.append(processes.start(commands[0], agent_env, logs[0]))
+            agents.append(processes.start(commands[0], agent_envs[0], logs[0]))
             if join_when and not _wait_for_text(log_dirs[0], join_when, agents[0], deadline):
                 codes = [agents[0].poll()]  # node 0 ended, or the time ran out, before it printed join_when
             else:
-                agents += [processes.start(c, agent_env, log) for c, log in zip(commands[1:], logs[1:])]
+                agents += [processes.start(c, e, log) for c, e, log in zip(commands[1:], agent_envs[1:], logs[1:])]
                 codes = _wait_all(agents, deadline)
         except BaseException:
             with processes.interrupts_ignored():

@@ -69,11 +69,16 @@ def test_without_py_spy_the_timeout_says_so_in_one_line_and_still_stops_everythi
 # marker, whose teardown fails on any process left behind.
 
 def test_join_fixes_uneven_inputs_on_3_ranks(launch_env):
-    """Ranks with 3, 4 and 5 batches: with Join, equal weights, and the one-process schedule's."""
+    """Ranks with 3, 4 and 5 batches: with Join, equal weights, and the one-process schedule's; with
+    throw_on_early_termination=True, every rank raises when rank 0 runs out."""
     run = lessons.torchrun(SCRIPTS / "uneven_inputs.py", nproc=3, args=["--join"], timeout=60, env=launch_env,
                            show=False)
-    assert run.result == {"batches_per_rank": [3, 4, 5], "weights_equal_on_every_rank": True,
-                          "matches_one_process": True}
+    assert run.result == {
+        "batches_per_rank": [3, 4, 5], "weights_equal_on_every_rank": True, "matches_one_process": True,
+        # Join's own per forward: "have you joined?" and "sync in backward?"; throwing adds a blocking third
+        "join_all_reduces_per_step": {"throw_on_early_termination=True": 3.0, "default": 2.0},
+        "thrown_with_throw_on_early_termination": ["Rank 0 exhausted all inputs."] + 2 * [
+            "Detected at least one rank that exhausted inputs. Throwing across all ranks."]}
 
 
 @pytest.mark.parametrize("kwargs, text", [

@@ -4,6 +4,7 @@ Notebook 10 runs each launcher at 2 ranks, each init method once, and 2 nodes x 
 the other sizes, the failures, the bad input, and what the notebook cannot run: the Slurm templates.
 """
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,7 +18,7 @@ import pytest
 import lessons
 from conftest import FIXTURES, ROOT, SCRIPTS
 from lessons import slurm
-from lessons.nodes import free_port
+from lessons.nodes import free_port, gpu_slices
 
 
 def test_fork_at_3_ranks_trains_data_parallel(launch_env):
@@ -109,6 +110,28 @@ def test_bad_node_ranks_are_refused_in_one_line(node_ranks, text):
         lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", rendezvous="static", node_ranks=node_ranks)
 
 
+@pytest.mark.parametrize("gpus", [8, 4, 6])
+def test_two_nodes_on_one_gpu_host_get_a_gpu_each(gpus):
+    """Each agent numbers LOCAL_RANK from 0 and takes cuda:LOCAL_RANK: the physical GPU of every global rank
+    must differ, or NCCL refuses the group ("Duplicate GPU detected")."""
+    nnodes, nproc = 2, 2
+    slices = gpu_slices(nnodes, nproc, [str(i) for i in range(gpus)])
+    physical = [slices[node].split(",")[local] for node in range(nnodes) for local in range(nproc)]  # by global rank
+    assert len(set(physical)) == nnodes * nproc, physical
+
+
+def test_too_few_gpus_for_the_nodes_fall_back_to_the_cpu_and_no_gpu_changes_nothing():
+    assert gpu_slices(2, 2, ["0", "1"]) == ["", ""]  # no GPU visible: backend_and_device() picks gloo on the CPU
+    assert gpu_slices(2, 2, []) is None
+    assert gpu_slices(2, 2, ["3", "5", "6", "7"]) == ["3,5", "6,7"]  # an outer CUDA_VISIBLE_DEVICES is honoured
+
+
+@pytest.mark.parametrize("flag", ["--log-dir=/tmp/x", "--redirects=0", "tee"])
+def test_torchrun_flags_that_would_break_the_launcher_are_refused_in_one_line(flag):
+    with pytest.raises(ValueError, match="torchrun_flags takes flags such as --tee=3"):
+        lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", torchrun_flags=[flag])
+
+
 def test_run_python_timeout_stops_the_script_and_its_children(launch_env):
     with pytest.raises(lessons.LaunchError, match="timed out after 3 s"):
         lessons.run_python(FIXTURES / "spawn_hang.py", env=launch_env, show=False, timeout=3)
@@ -119,6 +142,23 @@ def test_sbatch_absent_is_one_line(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
         slurm.submit(tmp_path / "job.sbatch", cwd=tmp_path, env={"PATH": str(tmp_path)})
     assert str(error.value) == slurm.NO_SLURM
+
+
+@pytest.mark.parametrize("template", ["one_node.sbatch", "multi_node.sbatch"])
+def test_the_sbatch_templates_ask_for_what_a_cluster_needs(template):
+    """The lines that render_for_cpu() changes for this machine, checked as written."""
+    text = (SCRIPTS / "slurm" / template).read_text()
+    directives = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", text, re.M))
+    gpus_per_node = int(directives["gres"].removeprefix("gpu:"))
+    assert re.search(rf"^PROCS_PER_NODE={gpus_per_node}\b", text, re.M), "one process per GPU of --gres"
+    assert directives["ntasks-per-node"] == "1"  # one torchrun per node
+    assert int(directives["cpus-per-task"]) >= gpus_per_node  # at least a core per worker
+    srun = re.search(r"^srun (.*?)torchrun", text, re.M | re.S).group(1)
+    # Slurm >= 22.05: srun does not read SLURM_CPUS_PER_TASK; without the flag every task gets one core.
+    assert '--cpus-per-task="$SLURM_CPUS_PER_TASK"' in srun and "--kill-on-bad-exit=1" in srun, srun
+    if int(directives["nodes"]) > 1:  # the rendezvous port: one per job, not a constant two jobs share
+        assert re.search(r"^PORT=\$\(\(\d+ \+ SLURM_JOB_ID % \d+\)\)", text, re.M)
+        assert '--rdzv-endpoint="$HEAD_NODE:$PORT"' in text
 
 
 # --- A real Slurm: Debian's slurm-wlm and munge, brought up by the course's own script ---
@@ -168,9 +208,12 @@ def test_the_sbatch_templates_run_under_a_real_slurm(slurm_cluster, tmp_path, te
                                                      cpus_per_task, world_size, nodes):
     job = tmp_path / template
     job.write_text(slurm.render_for_cpu((SCRIPTS / "slurm" / template).read_text(), procs_per_node, cpus_per_task))
-    env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
-           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1",
+    env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun without --log-dir leaves a torchelastic_* directory in TMPDIR
+    env.pop("MASTER_PORT", None)  # multi_node.sbatch derives its port from the job id
+    test_only = subprocess.run(["sbatch", "--test-only", str(job)], cwd=SCRIPTS.parent, env=env,
+                               capture_output=True, text=True)
+    assert test_only.returncode == 0 and "to start at" in test_only.stderr, test_only.stderr
     job_id = slurm.submit(job, cwd=SCRIPTS.parent, env=env)  # the templates run ddp_scripts/where_am_i.py
     state = slurm.wait(job_id, timeout=90, env=env)
     output = SCRIPTS.parent / f"{state['JobName']}-{job_id}.out"

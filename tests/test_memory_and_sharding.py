@@ -16,6 +16,16 @@ def test_fsdp2_on_4_ranks_with_a_layer_of_3_rows(launch_env):
     for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):  # about 1/N of DDP's: whole rows, padding
         assert r[f"ddp_{what}"] / 4 <= r[f"fsdp2_{what}"] < r[f"ddp_{what}"] / 4 * 1.3, what
     assert (r["allgathers_per_step"], r["reduce_scatters_per_step"]) == (6, 3)
+    plain, bf16, kept = (r["variants"][name] for name in
+                         ("fully_shard", "MixedPrecisionPolicy(bf16, fp32)", "reshard_after_forward=False"))
+    # bf16 computes and gathers in bf16 (half the bytes), reduces in fp32, and stores fp32 shards as before
+    assert (bf16["output_dtype"], bf16["sharded_param_dtype"]) == ("bfloat16", "float32")
+    assert 2 * bf16["allgather_bytes_per_step"] == plain["allgather_bytes_per_step"]
+    assert bf16["reduce_scatter_bytes_per_step"] == plain["reduce_scatter_bytes_per_step"]
+    assert all(bf16[k] == plain[k] for k in ("param_bytes", "grad_bytes", "optimizer_bytes"))
+    assert 0 < bf16["max_abs_diff"] < 0.2  # close to DDP's fp32 training, not equal
+    # keeping the gathered parameters from forward to backward: no all-gather in backward
+    assert (kept["allgathers_per_step"], kept["reduce_scatters_per_step"]) == (3, 3) and kept["max_abs_diff"] < 1e-5
     note = run.stderr[0].strip().splitlines()[0]
     assert note.startswith("note: a layer has 3 rows for 4 ranks; FSDP2 pads it, so some ranks hold an empty shard")
 
@@ -26,6 +36,9 @@ def test_zero_by_hand_on_3_ranks_pads_the_flat_vector(launch_env):
     held = r["optimizer_state_bytes"]
     # 3455 parameters over 3 ranks: shards of 1152, two AdamW moments of 4 bytes, and the step counter.
     assert held["ours"] == 2 * 1152 * 4 + 4
+    # stage 1, not 2: at the reduce-scatter every full gradient is held, plus the padded flat copy
+    assert r["gradient_bytes_one_copy"] == 3455 * 4
+    assert r["gradient_bytes_at_reduce_scatter"] == 3455 * 4 + 3 * 1152 * 4
     assert held["ddp_adamw"] == 2 * 3455 * 4 + 6 * 4  # every tensor's two moments and step, on every rank
     # torch's partitions whole tensors: less than everything, but the 50x50 weight alone is 72% of this model
     assert 0 < held["zero_redundancy_optimizer"] < held["ddp_adamw"]
@@ -36,6 +49,8 @@ def test_dcp_saved_on_3_ranks_loads_on_2(tmp_path, launch_env):
     r = lessons.torchrun(SCRIPTS / "dcp_reshard.py", nproc=2, args=["--load", tmp_path], env=launch_env,
                          show=False).result
     assert r["loaded_equals_saved"] and r["rows_on_rank0"] == {"0.weight": 25, "1.weight": 25, "2.weight": 3}
+    # the optimizer's state came back too: both AdamW moments of each of the 6 parameters
+    assert sum(k.startswith("optim.") and k.endswith((".exp_avg", ".exp_avg_sq")) for k in r["tensors_compared"]) == 12
 
 
 def test_saved_activations_checkpointed_and_per_sample():
@@ -46,7 +61,9 @@ def test_saved_activations_checkpointed_and_per_sample():
         x = torch.randn(batch, 32, requires_grad=True)
         sizes[batch] = [saved_activation_bytes(model, x, checkpointed) for checkpointed in (False, True)]
     plain, ckpt = sizes[8]
-    assert plain["saved_bytes"] == 3 * 2 * 8 * 32 * 4  # each block: Linear's input and Tanh's output
+    # The input, and each block's Tanh output. A Tanh output is saved twice (by the Tanh, and as the next Linear's
+    # input) but is one tensor in memory: counted once (counting references gave 3 * 2 * 8 * 32 * 4).
+    assert plain["saved_bytes"] == (1 + 3) * 8 * 32 * 4
     assert ckpt["saved_bytes"] == 3 * 8 * 32 * 4  # each block: its input only
     assert (plain["layer_forwards"], ckpt["layer_forwards"]) == (3, 6)  # recomputed in backward
     assert sizes[8][0]["saved_bytes"] == 8 * sizes[1][0]["saved_bytes"]  # per sample
