@@ -7,8 +7,10 @@
 Swap in your data (data()), your model (Model) and your loss; keep the rest. Copy it: it imports nothing of ours.
 """
 import argparse
+import atexit
 import contextlib
 import datetime
+import gc
 import importlib.util
 import json
 import os
@@ -21,6 +23,8 @@ import torch.nn.functional as F
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
+
+atexit.register(gc.collect)  # with the import above: the DDP model's cycle and its group go before Python does
 
 
 class Model(torch.nn.Module):

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset
 from tqdm import tqdm
@@ -75,6 +76,7 @@ def cifar10(data_dir, distributed):
             torchvision.datasets.CIFAR10(data_dir, train=False, transform=transform))
 
 
+@record  # a failing rank's traceback goes into torchrun's report, not only its own log (lesson 00)
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")

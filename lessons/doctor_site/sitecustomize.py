@@ -12,8 +12,14 @@ def _install(out_dir, rank):
     import atexit
     import json
 
+    import gc
+
     import torch
     import torch.distributed as dist
+    # Not an instrument: the course's teardown fix (ddp_scripts/ddp_common.py, appendix section 5), so that a
+    # script's rare abort at exit (a gloo thread meeting Python's shutdown) never fails the doctor's launch. Imported
+    # here, before the script's init_process_group; the garbage is collected in at_exit below.
+    import torch.distributed.nn  # noqa: F401
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DistributedSampler
 
@@ -92,6 +98,7 @@ def _install(out_dir, rank):
         # no-destroy: a group still up at exit was never destroyed.
         event("exit", initialized=dist.is_available() and dist.is_initialized(), ddp_modules=len(modules))
         log.close()
+        gc.collect()  # DDP's reference cycle, and the process group it holds, go while Python is still whole
 
     atexit.register(at_exit)
 
