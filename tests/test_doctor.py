@@ -85,3 +85,40 @@ def test_set_epoch_with_the_same_value_twice_is_found(tmp_path):
                                                                          "epoch": 0},
                                 {**it, "sampler": 2, "shuffle": False, "epoch": 0}], 1: []})
     assert examine(tmp_path, 2) == []
+
+
+def one_mistake(code, tmp_path):
+    """What two ranks record for a clean run, with exactly one mistake planted: the doctor's input, no launch."""
+    import torch
+
+    it = {"event": "sampler_iter", "sampler": 1, "shuffle": True}
+    call = {"event": "collective", "op": "all_reduce", "shape": [[3], "float32"]}
+    clean = {rank: [{**it, "epoch": 0}, {**it, "epoch": 1}, call,
+                    *([{"event": "save", "path": "ckpt.pt"}] if rank == 0 else []),
+                    {"event": "load", "path": "ckpt.pt", "map_location": True, "weights_only": True},
+                    {"event": "exit", "initialized": False, "ddp_modules": 1}] for rank in (0, 1)}
+    weights = {rank: {"ddp0.weight": torch.ones(2, 2)} for rank in (0, 1)}
+    if code == "no-set-epoch":
+        clean[0][1]["epoch"] = clean[1][1]["epoch"] = 0
+    elif code == "save-on-every-rank":
+        clean[1].insert(3, {"event": "save", "path": "ckpt.pt"})
+    elif code == "load-without-map-location":
+        clean[1][-2]["map_location"] = False
+    elif code == "weights-only-off":
+        clean[1][-2]["weights_only"] = False
+    elif code == "params-diverged":
+        weights[1]["ddp0.weight"] = torch.tensor([[1.0, 1.0], [1.0, 1.25]])
+    elif code == "collectives-differ":
+        clean[1][2] = {**call, "shape": [[2], "float32"]}
+    elif code == "no-destroy":
+        clean[0][-1]["initialized"] = clean[1][-1]["initialized"] = True
+    write_events(tmp_path, clean)
+    for rank, tensors in weights.items():
+        torch.save(tensors, tmp_path / f"rank{rank}.params.pt")
+
+
+@pytest.mark.parametrize("code", [None, *CODES])
+def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
+    """The launches above plant all seven at once; here each alone, so no code fires because of another's mistake."""
+    one_mistake(code, tmp_path)
+    assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
