@@ -75,8 +75,11 @@ def newest_checkpoint(directory: Path):
 
 def rng_states() -> dict:
     keys = np.random.get_state()  # ('MT19937', uint32 array, pos, has_gauss, cached): stored as a tensor
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "numpy": (keys[0], torch.from_numpy(keys[1].astype(np.int64)), *keys[2:])}
+    states = {"torch": torch.get_rng_state(), "python": random.getstate(),
+              "numpy": (keys[0], torch.from_numpy(keys[1].astype(np.int64)), *keys[2:])}
+    if torch.cuda.is_initialized():  # this rank's GPU has a generator of its own (dropout on the GPU draws from it)
+        states["cuda"] = torch.cuda.get_rng_state()  # the current device: cuda:LOCAL_RANK (get_rng_state_all: all)
+    return states
 
 
 def set_rng_states(state: dict) -> None:
@@ -84,6 +87,8 @@ def set_rng_states(state: dict) -> None:
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    if "cuda" in state and torch.cuda.is_initialized():  # a GPU run's checkpoint, resumed on a GPU
+        torch.cuda.set_rng_state(state["cuda"])
 
 
 def params_sha256(model: torch.nn.Module) -> str:

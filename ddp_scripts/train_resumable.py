@@ -7,7 +7,7 @@
 Lesson 04's model and offline data, plus a little Gaussian noise as augmentation, so that
 the random state is part of the run. It resumes from the newest complete checkpoint in
 --checkpoint-dir, and prints the SHA-256 of its final parameters: the same run, resumed or
-not, gives the same hash.
+not, gives the same hash (on GPUs it asks for torch's deterministic kernels, which that needs there).
 """
 import argparse
 import json
@@ -29,6 +29,10 @@ import ddp_common  # import before init_process_group (see ddp_common.py)
 from checkpointing import (CheckpointError, ResumableSampler, load_checkpoint, load_model_state, newest_checkpoint,
                            params_sha256, rng_states, save_atomically, set_rng_states)
 from train_ddp import SmallCNN, digits  # lesson 04's model and data
+
+# cuBLAS is deterministic only with a fixed workspace size, read from this variable: set it before anything
+# touches CUDA (a value you set yourself wins). Unused on the CPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def main():
@@ -76,6 +80,9 @@ def main():
         rank = dist.get_rank()
     else:
         device, rank = torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0
+    if device.type == "cuda":  # cuDNN's convolutions and cuBLAS pick kernels that may differ run to run:
+        torch.use_deterministic_algorithms(True)  # deterministic ones only (an op that has none raises)
+        torch.backends.cudnn.benchmark = False  # no timing-based choice of convolution algorithm
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = SmallCNN().to(device)
@@ -131,7 +138,7 @@ def main():
         # sums. One throwaway backward (no optimizer step) puts the resumed run in the same layout.
         ddp(train_set[0][0].unsqueeze(0).to(device)).sum().backward()
         optimizer.zero_grad(set_to_none=True)
-    if rng_to_restore is not None:  # last: constructing DDP draws from torch's RNG (measured, torch 2.14)
+    if rng_to_restore is not None:  # last: train_set_loss's DataLoader drew its iterator's seed from torch's RNG
         set_rng_states(rng_to_restore)
 
     def save(epoch_to_resume, batches_done):
