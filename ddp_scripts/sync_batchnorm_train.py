@@ -1,10 +1,10 @@
-"""Where synchronized BatchNorm matters: a small CNN trained at a few samples per rank, BN per rank against synced.
+"""Where synchronized BatchNorm may matter: a small CNN trained at 2 samples per rank, BN per rank against synced.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/sync_batchnorm_train.py --batch-per-rank 2
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/sync_batchnorm_train.py --batch-per-rank 2 --seeds 0,1
 
-The same model, data, seed and steps twice: once with plain BatchNorm2d (each rank normalizes with the
-statistics of its own 2 samples), once converted to the synchronized BN of sync_batchnorm.py (statistics
-of all ranks' samples). Rank 0 prints the test accuracy and loss of both, and what synchronizing cost.
+For each seed, the same model, data order and steps twice: once with plain BatchNorm2d (each rank normalizes
+with the statistics of its own 2 samples), once converted to the hand-made synced BN of hand_syncbn.py
+(statistics of all ranks' samples). Rank 0 prints, per seed, the test accuracy and loss of both.
 """
 import argparse
 import json
@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 import ddp_common  # import before init_process_group (see ddp_common.py)
-from sync_batchnorm import ALL_REDUCES, convert_to_hand_sync
+from hand_syncbn import ALL_REDUCES, convert_to_hand_sync
 from train_ddp import digits  # lesson 04's offline data
 
 
@@ -34,16 +34,22 @@ class BNNet(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
-def train_and_evaluate(bn, batch, epochs, rank, world, device, train_set, test_set):
-    torch.manual_seed(0)
+def wall_clock(device):
+    if device.type == "cuda":  # GPU work is queued: wait for it, or the clock reads launch times
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def train_and_evaluate(bn, seed, batch, epochs, rank, world, device, train_set, test_set):
+    torch.manual_seed(seed)
     model = BNNet()
-    if bn == "synced":  # convert first, then .to(device), then DDP: DDP must see the final modules
+    if bn == "synced":  # convert before DDP and before the optimizer: our converter makes new Parameters
         model = convert_to_hand_sync(model)
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=seed)
     loader = DataLoader(train_set, batch_size=batch, sampler=sampler, drop_last=True)  # never a batch of 1
-    start, steps = time.perf_counter(), 0
+    start, steps = wall_clock(device), 0
     for epoch in range(epochs):
         sampler.set_epoch(epoch)
         model.train()
@@ -55,7 +61,7 @@ def train_and_evaluate(bn, batch, epochs, rank, world, device, train_set, test_s
             optimizer.step()
             steps += 1
             train_loss += torch.stack([loss.detach() * len(y), torch.full((), float(len(y)), device=device)])
-    seconds = time.perf_counter() - start
+    seconds = wall_clock(device) - start
     dist.all_reduce(train_loss)
     model.module.eval()  # eval: the running statistics, no communication, on the plain model inside DDP
     totals = torch.zeros(3, device=device)  # correct, loss sum, count
@@ -74,22 +80,25 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch-per-rank", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seeds", default="0", help="comma-separated: model init and data order, e.g. 0,1")
     args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
     backend, device = ddp_common.backend_and_device()
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
     train_set, test_set = digits(0)
-    result = {"world_size": world, "batch_per_rank": args.batch_per_rank}
-    for bn in ("per_rank", "synced"):
-        before = dict(ALL_REDUCES)
-        result[bn] = train_and_evaluate(bn, args.batch_per_rank, args.epochs, rank, world, device, train_set, test_set)
-        result[bn]["bn_allreduces"] = ALL_REDUCES["forward"] + ALL_REDUCES["backward"] - before["forward"] - before["backward"]
-        result[bn]["bn_allreduce_seconds"] = ALL_REDUCES["seconds"] - before["seconds"]
-        if rank == 0:
-            r = result[bn]
-            print(f"BN {bn:>8}: last epoch's train loss {r['train_loss']:.3f} (train mode); test accuracy "
-                  f"{r['test_acc']:.3f}, test loss {r['test_loss']:.3f} (eval mode); {r['steps']} steps, "
-                  f"{r['bn_allreduces']} BN all-reduces")
+    result = {"world_size": world, "batch_per_rank": args.batch_per_rank, "seeds": seeds, "per_rank": [], "synced": []}
+    for seed in seeds:
+        for bn in ("per_rank", "synced"):
+            before = dict(ALL_REDUCES)
+            run = train_and_evaluate(bn, seed, args.batch_per_rank, args.epochs, rank, world, device, train_set,
+                                     test_set)
+            run["bn_allreduces"] = ALL_REDUCES["forward"] + ALL_REDUCES["backward"] - before["forward"] - before["backward"]
+            run["bn_allreduce_seconds"] = ALL_REDUCES["seconds"] - before["seconds"]
+            result[bn].append(run)
+            if rank == 0:
+                print(f"seed {seed}, BN {bn:>8}: last epoch's train loss {run['train_loss']:.2f} (train mode); "
+                      f"test accuracy {run['test_acc']:.2f}, test loss {run['test_loss']:.2f} (eval mode)")
     if rank == 0:
         print("RESULT " + json.dumps(result))
     dist.destroy_process_group()
