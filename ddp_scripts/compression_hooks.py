@@ -2,9 +2,11 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/compression_hooks.py --epochs 3
 
-Lesson 04's model and data, trained once per hook from the same start. Every hook, the plain one included,
-hands its tensors to dist.all_reduce; a wrapper around it counts the bytes. At step 4 (after PowerSGD's
-warm-up) each rank also computes the exact averaged gradient, to measure each hook's error.
+Lesson 04's model and data, trained once per hook from the same start (seed 0 sets the start and the sample
+order). Every hook, the plain one included, hands its tensors to dist.all_reduce; a wrapper around it counts
+the bytes. At step 4 (after PowerSGD's warm-up) each rank also computes the exact averaged gradient, to measure
+each hook's error. With --plain-seeds the plain all-reduce is trained again at those seeds: how far the final loss
+moves from one seed to the next, the yardstick for the differences between hooks (the tests use 1,2,3).
 """
 import argparse
 import json
@@ -21,6 +23,7 @@ import ddp_common  # import before init_process_group (see ddp_common.py)
 from train_ddp import SmallCNN, digits  # lesson 04's model and data
 
 PROBE_STEP = 4  # PowerSGD's first start_powerSGD_iter steps are plain all-reduces: look after them
+POWERSGD_RANK, MIN_COMPRESSION_RATE = 1, 2  # rank-1 approximations; 2 is torch's default rate
 SENT = {"bytes": 0}
 _all_reduce = dist.all_reduce
 
@@ -33,6 +36,28 @@ def counting_all_reduce(tensor, *args, **kwargs):
 dist.all_reduce = counting_all_reduce  # the hooks call dist.all_reduce: every byte they send passes here
 
 
+def clock(device):
+    """perf_counter() once the GPU is done: backward() and NCCL calls return while the GPU still works."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def powersgd_elements(model, approximation_rank, min_compression_rate):
+    """The elements PowerSGD all-reduces per step, by our reading of powerSGD_hook.py: each gradient is viewed as
+    an n x m matrix (n = its first dimension) and compressed to P (n x r) and Q (m x r) only when
+    (n + m) * r * min_compression_rate < n * m; the others (the biases: n x 1) go uncompressed."""
+    plan = {"uncompressed": 0, "P": 0, "Q": 0}
+    for p in model.parameters():
+        n, m = p.shape[0], p.numel() // p.shape[0]
+        r = min(n, m, approximation_rank)
+        if (n + m) * r * min_compression_rate < n * m:
+            plan["P"], plan["Q"] = plan["P"] + n * r, plan["Q"] + m * r
+        else:
+            plan["uncompressed"] += n * m
+    return plan
+
+
 def register(ddp, name):
     if name == "none":  # torch's default all-reduce, as a hook, so that it is counted like the others
         ddp.register_comm_hook(None, default_hooks.allreduce_hook)
@@ -40,17 +65,18 @@ def register(ddp, name):
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif name == "bf16":
         ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    else:  # rank-1 approximations with error feedback; torch requires start_powerSGD_iter > 1 with it
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    else:  # rank-1 approximations with error feedback and warm start, which need start_powerSGD_iter > 1
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
+                                            start_powerSGD_iter=2, min_compression_rate=MIN_COMPRESSION_RATE)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
-def train(name, train_set, rank, world, device, epochs, batch, lr):
-    torch.manual_seed(0)
+def train(name, seed, train_set, rank, world, device, epochs, batch, lr):
+    torch.manual_seed(seed)
     ddp = DDP(SmallCNN().to(device), device_ids=[device.index] if device.type == "cuda" else None)
     register(ddp, name)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9)
-    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=seed)
     loader = DataLoader(train_set, batch_size=batch, sampler=sampler)
     step, step_bytes, seconds, error = 0, [], [], None
     for epoch in range(epochs):
@@ -62,7 +88,7 @@ def train(name, train_set, rank, world, device, epochs, batch, lr):
                 exact = torch.cat([g.flatten() for g in exact])
                 _all_reduce(exact)
                 exact /= world
-            SENT["bytes"], start = 0, time.perf_counter()
+            SENT["bytes"], start = 0, clock(device)
             loss = F.cross_entropy(ddp(x), y)
             optimizer.zero_grad()
             loss.backward()
@@ -70,7 +96,7 @@ def train(name, train_set, rank, world, device, epochs, batch, lr):
                 sent = torch.cat([p.grad.flatten() for p in ddp.module.parameters()])
                 error = ((sent - exact).norm() / exact.norm()).item()
             optimizer.step()
-            seconds.append(time.perf_counter() - start)
+            seconds.append(clock(device) - start)
             step_bytes.append(SENT["bytes"])
             step += 1
     totals = torch.zeros(2, device=device)  # the final model's loss over the whole training set
@@ -90,6 +116,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--hooks", default="none,fp16,bf16,powersgd")
+    parser.add_argument("--plain-seeds", default="", help="seeds to train the plain all-reduce with again, e.g. 1,2,3")
     args = parser.parse_args()
     backend, device = ddp_common.backend_and_device()
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
@@ -97,13 +124,21 @@ def main():
     train_set, _ = digits(0)
     rows = {}
     for name in args.hooks.split(","):
-        rows[name] = train(name, train_set, rank, world, device, args.epochs, args.batch_size, args.lr)
+        rows[name] = train(name, 0, train_set, rank, world, device, args.epochs, args.batch_size, args.lr)
         if rank == 0:
             r = rows[name]
             print(f"{name:>9}: {r['bytes_per_step']:>7,} bytes sent per step per rank, gradient error at step "
-                  f"{PROBE_STEP} {r['relative_grad_error']:.1e}, final train-set loss {r['final_loss']:.4f}")
+                  f"{PROBE_STEP} {r['relative_grad_error']:.1e}, final train-set loss {r['final_loss']:.2f}")
+    plain_seeds = [int(seed) for seed in args.plain_seeds.split(",") if seed]
+    plain_losses = [train("none", seed, train_set, rank, world, device, args.epochs, args.batch_size, args.lr)
+                    ["final_loss"] for seed in plain_seeds]
     if rank == 0:
-        print("RESULT " + json.dumps({"world_size": world, "hooks": rows}))
+        if plain_seeds:
+            print(f"plain all-reduce, seeds {plain_seeds}: final train-set loss "
+                  + ", ".join(f"{loss:.2f}" for loss in plain_losses))
+        print("RESULT " + json.dumps({"world_size": world, "hooks": rows,
+                                      "plain_final_loss_by_seed": dict(zip(plain_seeds, plain_losses)),
+                                      "powersgd_elements": powersgd_elements(SmallCNN(), POWERSGD_RANK, MIN_COMPRESSION_RATE)}))
     dist.destroy_process_group()
 
 
