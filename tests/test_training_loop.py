@@ -1,0 +1,44 @@
+"""Lesson 13's checks at the sizes its notebook doesn't launch (it runs 2 ranks): clipping with accumulation at 3 and
+4 ranks, and early stopping at 3 ranks, the hang stopped by the timeout with nothing left behind."""
+import pytest
+
+import lessons
+from conftest import SCRIPTS
+from lessons.stacks import where
+
+
+@pytest.mark.parametrize("nproc", [3, 4])
+def test_clip_after_the_sync_matches_one_process_and_clip_before_it_does_not(nproc, launch_env):
+    result = lessons.torchrun(SCRIPTS / "clip_and_accumulate.py", nproc=nproc, env=launch_env, show=False,
+                              args=["--accum-steps", 1, 3, "--clip", 0.1]).result
+    cases = result["cases"]
+    assert [c["accum_steps"] for c in cases] == [1, 3]
+    for c in cases:
+        assert c["world_size"] == nproc and len(c["grad_norm_per_rank"]) == nproc, c
+        assert c["norms_equal"] and c["matches_single_process"], c
+        assert c["clipping_active"], c  # else the wrong placement would match too, and prove nothing
+        assert not c["clip_before_sync_matches"], c
+        assert len(set(c["grad_norm_per_rank_before_sync"])) > 1, c  # each rank clipped by its own norm
+    assert {k: result[k] for k in ("norms_equal", "matches_single_process", "clip_before_sync_matches")} == \
+        {"norms_equal": True, "matches_single_process": True, "clip_before_sync_matches": False}
+
+
+def test_rank0_stopping_alone_hangs_until_the_timeout_which_shows_every_rank(launch_env):
+    with pytest.raises(lessons.LaunchError) as stopped:
+        lessons.torchrun(SCRIPTS / "early_stop.py", nproc=3, env=launch_env, show=False, args=["--decide", "rank0"],
+                         timeout=5, timeout_from="started training")
+    assert "timed out 5 s after every rank printed 'started training'" in str(stopped.value)
+    stacks = stopped.value.result.stacks
+    assert sorted(stacks) == [0, 1, 2]
+    places = {rank: where(stack, "early_stop.py") for rank, stack in stacks.items()}
+    assert places[0].startswith("all_gather"), places  # rank 0 left the loop
+    assert all("backward" in places[rank] for rank in (1, 2)), places  # the others wait in DDP's all-reduce
+    assert "stopping at step" in stopped.value.result.outputs[0]
+    # launch_env's teardown asserts that no process of the launch is left.
+
+
+def test_an_agreed_decision_stops_every_rank_at_the_same_step(launch_env):
+    result = lessons.torchrun(SCRIPTS / "early_stop.py", nproc=3, env=launch_env, show=False,
+                              args=["--decide", "all"]).result
+    assert len(result["stopped_at_step"]) == 3 and result["stopped_together"] is True
+    assert result["stopped_at_step"][0] < 500  # stopped early, not at --max-steps
