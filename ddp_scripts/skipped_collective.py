@@ -51,7 +51,10 @@ def main():
             print(f"rank 0: evaluated, score {score:.4f}")
         print(f"rank {rank}: at the barrier", flush=True)
         if args.barrier == "monitored":  # needs a CPU backend (gloo): rank 0 hears from each rank, names a missing one
-            dist.monitored_barrier(timeout=datetime.timedelta(seconds=args.collective_timeout))
+            # 30 s longer than the collective timeout: rank 0's stuck collective times out first and says so, then
+            # the barrier hears rank 0 leave. With equal timeouts, the rank that gives up first (on a busy machine,
+            # either) decides what each rank prints.
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=args.collective_timeout + 30))
         else:
             dist.barrier()
     except Exception as error:

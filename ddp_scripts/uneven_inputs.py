@@ -86,11 +86,11 @@ def main():
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
     batches = batches_of(rank)
+    model = fresh_ddp(device)  # before the line below: a launch's timeout_from="batches" counts from the loop
     print(f"rank {rank}: {len(batches)} batches")
 
     thrown, per_step = None, {}  # Join's own all-reduces per training step, on a rank that still has data
     if args.join:
-        model = fresh_ddp(device)
         try:  # no shadowing: every rank raises once one has run out, and all stop at the same step
             with Join([model], throw_on_early_termination=True):
                 before = PYTHON_ALL_REDUCES[0]
@@ -105,7 +105,6 @@ def main():
             steps = train(model, batches, device)
             per_step["default"] = (PYTHON_ALL_REDUCES[0] - before) / steps
     else:
-        model = fresh_ddp(device)
         train(model, batches, device)
     print(f"rank {rank}: finished its {len(batches)} batches")
 

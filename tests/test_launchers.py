@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -16,7 +17,7 @@ import psutil
 import pytest
 
 import lessons
-from conftest import FIXTURES, ROOT, SCRIPTS
+from conftest import FIXTURES, SCRIPTS
 from lessons import slurm
 from lessons.nodes import free_port, gpu_slices
 
@@ -208,7 +209,9 @@ def test_the_sbatch_templates_run_under_a_real_slurm(slurm_cluster, tmp_path, te
                                                      cpus_per_task, world_size, nodes):
     job = tmp_path / template
     job.write_text(slurm.render_for_cpu((SCRIPTS / "slurm" / template).read_text(), procs_per_node, cpus_per_task))
-    env = {**slurm_cluster, "PATH": f"{ROOT / '.venv' / 'bin'}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+    # The job's torchrun: the one of the Python running this test (not ROOT/.venv, which a worktree or another
+    # environment does not have: "execve(): torchrun: No such file or directory").
+    env = {**slurm_cluster, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "TMPDIR": str(tmp_path)}  # torchrun without --log-dir leaves a torchelastic_* directory in TMPDIR
     env.pop("MASTER_PORT", None)  # multi_node.sbatch derives its port from the job id
     test_only = subprocess.run(["sbatch", "--test-only", str(job)], cwd=SCRIPTS.parent, env=env,
