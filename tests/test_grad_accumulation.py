@@ -45,7 +45,8 @@ def test_compression_hooks_bytes_and_what_the_final_losses_can_say(launch_env):
     """compression_hooks.py's reading of powerSGD_hook.py (which tensors it compresses, the sizes of P and Q)
     against the bytes the hook really handed to dist.all_reduce; and lesson 09's reading of the final losses, which
     its notebook runs at one seed only: the plain all-reduce's own spread over seeds 0-3 is about as large as the
-    gaps between plain, fp16 and bf16 (no ranking), while PowerSGD's gap is several times larger."""
+    gaps between plain, fp16 and bf16 (no ranking), while PowerSGD's gap is more than twice as large, and its
+    loss above every seed's plain loss."""
     result = lessons.torchrun(SCRIPTS / "compression_hooks.py", nproc=2, env=launch_env, show=False,
                               args=["--plain-seeds", "1,2,3"]).result
     hooks, elements = result["hooks"], result["powersgd_elements"]
@@ -57,4 +58,4 @@ def test_compression_hooks_bytes_and_what_the_final_losses_can_say(launch_env):
     seed_spread = max(plain_losses) - min(plain_losses)
     gap = {name: abs(hooks[name]["final_loss"] - hooks["none"]["final_loss"]) for name in ("fp16", "bf16", "powersgd")}
     assert max(gap["fp16"], gap["bf16"]) < 1.5 * seed_spread, (gap, plain_losses)
-    assert gap["powersgd"] > 3 * seed_spread and hooks["powersgd"]["final_loss"] > max(plain_losses), (gap, plain_losses)
+    assert gap["powersgd"] > 2 * seed_spread and hooks["powersgd"]["final_loss"] > max(plain_losses), (gap, plain_losses)
