@@ -1,7 +1,9 @@
 """The DDP doctor (lessons/doctor.py): each code fires on its planted mistake and is silent on the fix.
 
-tests/scripts/doctor/seven_mistakes.py has all seven mistakes; with --fixed, none. Two launches for the seven
-codes; lesson 14 runs the doctor on three of them and their fix, and tests/test_template.py on the template.
+tests/scripts/doctor/seven_mistakes.py has all seven mistakes (with --fixed, none: a twin to try by hand). One
+launch fires the seven codes; silence on real launches is lesson 14's fixed script (it saves once and loads with
+map_location and weights_only=True) and tests/test_template.py's template under the doctor; each code alone, and
+the clean record, are checked here on what two ranks record, without a launch.
 """
 import json
 import os
@@ -33,13 +35,6 @@ def test_every_code_fires_on_its_mistake(tmp_path, launch_env):
     assert "part at call #3: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # where they part
     assert "rank 1 called all_reduce on a float32 tensor of shape (2,)" in text
     assert "cuda:0" in text  # what a load without map_location costs on GPUs
-
-
-def test_the_fixed_twin_gets_no_finding(tmp_path, launch_env):
-    report = lessons.doctor(SEVEN, nproc=2, args=[tmp_path / "ckpt.pt", "--fixed"], env=launch_env)
-    assert (report.status, report.codes, report.error) == (0, [], None), str(report)
-    assert str(report) == "no findings"
-    assert report.launch.outputs == {0: "rank 0: done\n", 1: "rank 1: done\n"}
 
 
 def test_a_script_that_cannot_run_is_status_2():
