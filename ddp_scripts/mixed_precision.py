@@ -80,7 +80,7 @@ def main():
             skipped.setdefault(precision, []).append(backoffs if scaler.is_enabled() else 0)  # one per skipped step
         if precision == "fp16" and args.save and rank == 0:
             # The scaler's scale and growth tracker belong in the checkpoint: a resumed run without them starts
-            # again at 65536 and skips steps until it has backed off to where it was.
+            # again at 65536, below or above the scale that worked: it skips steps, or regrows for 2000 steps a doubling.
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                         "scaler": scaler.state_dict()}, args.save)
     if rank == 0:
