@@ -78,7 +78,11 @@ def torchrun(
         rank_lines = RankLines(log_dir)
         start_line = StartLine(timeout_from, nproc) if timeout_from else None
 
+        pids = None  # after a restart, which pid was which rank (see processes.WorkerPids)
+
         def on_tick():
+            if pids:
+                pids.poll()
             lines = rank_lines.read() if live_output or start_line else []
             if live_output:
                 live_output.show(lines)
@@ -88,6 +92,8 @@ def torchrun(
         print_at_end = show and not (live_output and not live_output.jupyter)
         with open(launcher_log_path, "wb") as launcher_log:
             proc = processes.start(command, worker_env, launcher_log)
+            if max_restarts > 0:
+                pids = processes.WorkerPids(proc.pid)
             try:
                 returncode = processes.wait(proc, timeout, on_tick=on_tick,
                                             clock_start=(lambda: start_line.at) if start_line else None,
@@ -123,7 +129,7 @@ def torchrun(
                     " .result.stacks, the output so far in .result.outputs.",
                     partial,
                 )
-        launch = collect(log_dir, launcher_log_path, returncode, command)
+        launch = collect(log_dir, launcher_log_path, returncode, command, pids.workers if pids else None)
 
     if print_at_end:
         print_ranks(launch)

@@ -103,6 +103,38 @@ def stop_tree(proc: subprocess.Popen) -> int:
     return len(workers)
 
 
+class WorkerPids:
+    """Which worker each pid of a launch is: {pid: (attempt, local rank)}, read from each new child's environment.
+
+    torchrun logs one failure per failed attempt, the one with the smallest timestamp, and its timestamps are whole
+    seconds, taken from a rank's error file when it has one: a rank that lost its peer and wrote its error file in
+    the second before the agent saw the killed rank is named instead, with the SIGTERM the agent then sent it. The
+    pids let ``collect`` find the rank that really ended first (the one torchrun did not have to stop)."""
+
+    def __init__(self, launcher_pid: int):
+        self.launcher_pid = launcher_pid
+        self.seen: dict[int, tuple[int, int] | None] = {}
+
+    def poll(self) -> None:
+        try:
+            children = psutil.Process(self.launcher_pid).children()
+        except psutil.NoSuchProcess:
+            return
+        for child in children:
+            if child.pid in self.seen:
+                continue
+            try:
+                env = child.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            if "LOCAL_RANK" in env:  # torchrun sets it before exec; a child too young to have it is read next tick
+                self.seen[child.pid] = (int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env["LOCAL_RANK"]))
+
+    @property
+    def workers(self) -> dict[int, tuple[int, int]]:
+        return {pid: who for pid, who in self.seen.items() if who is not None}
+
+
 class Captured:
     text = ""  # filled in when the `with` block ends
 

@@ -40,11 +40,15 @@ class LaunchResult:
 
 
 # torchrun logs one line per failed attempt: "failed (exitcode: -9) local_rank: 1 (pid: 123) of binary: ..."
-_ATTEMPT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+_ATTEMPT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+# ... after "Sending process 123 closing signal SIGTERM" for each worker still running.
+_STOPPED_BY_AGENT = re.compile(r"Sending process (\d+) closing signal SIGTERM")
 
 
-def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str]) -> LaunchResult:
-    """torchrun's layout: LOG_DIR/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log."""
+def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str],
+            worker_pids: dict[int, tuple[int, int]] | None = None) -> LaunchResult:
+    """torchrun's layout: LOG_DIR/<run id>/attempt_<n>/<local rank>/{stdout,stderr}.log.
+    ``worker_pids``: {pid: (attempt, local rank)}, to correct torchrun where it names a rank it stopped itself."""
     attempts: dict[int, Attempt] = {}
     for rank_dir in Path(log_dir).glob("*/attempt_*/*"):
         if rank_dir.name.isdigit():
@@ -65,13 +69,30 @@ def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str
                                errors=dict(sorted(a.errors.items()))))
     log = read(launcher_log)
     # Every attempt but the last ended in a failure that torchrun logged, in order.
-    for attempt, (code, rank) in zip(ordered[:-1], _ATTEMPT_FAILED.findall(log)):
+    stopped_by_agent = {int(pid) for pid in _STOPPED_BY_AGENT.findall(log)}
+    for attempt, (code, rank, _) in zip(ordered[:-1], _ATTEMPT_FAILED.findall(log)):
         attempt.failure = describe_exit(int(rank), int(code))
+        if int(code) == -signal.SIGTERM and worker_pids:
+            attempt.failure = _first_to_end(attempt, int(rank), worker_pids, stopped_by_agent) or attempt.failure
     last = ordered[-1] if ordered else Attempt(0)
     launch = LaunchResult(returncode=returncode, stdout=last.stdout, stderr=last.stderr, command=command,
                           launcher_log=log, attempts=ordered)
     launch.result = parse_result(launch.stdout.get(0, ""))
     return launch
+
+
+def _first_to_end(attempt: Attempt, named: int, worker_pids: dict, stopped_by_agent: set[int]) -> str | None:
+    """torchrun named a rank it had stopped itself (its error file's timestamp won a tie of whole seconds; see
+    processes.WorkerPids). The rank that ended first is one the agent did not have to stop, that wrote no error file
+    and printed no traceback: nothing a Python process can catch or report ended it, which is SIGKILL's mark."""
+    ended_alone = sorted(rank for pid, (number, rank) in worker_pids.items()
+                         if number == attempt.number and rank != named and pid not in stopped_by_agent
+                         and rank not in attempt.errors)
+    for rank in ended_alone:
+        stderr = attempt.stderr.get(rank, "")
+        if "Traceback (most recent call last)" not in stderr and "Fatal Python error" not in stderr:
+            return describe_exit(rank, -signal.SIGKILL)
+    return None
 
 
 def describe_exit(rank: int, code: int) -> str:

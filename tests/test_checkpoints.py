@@ -64,6 +64,25 @@ def test_attempts_are_read_apart_from_torchruns_log_dir(tmp_path):
     assert launch.stdout[0].startswith("second") and launch.result == {"ok": 1}
 
 
+def test_a_rank_torchrun_stopped_is_not_named_for_the_one_it_killed(tmp_path):
+    """torchrun's race, written out: rank 1 SIGKILLed; rank 0 lost its peer and wrote its error file in the same
+    second, so torchrun named rank 0, which it then stopped with SIGTERM. The pids put the blame back on rank 1."""
+    for attempt in (0, 1):
+        for rank in (0, 1):
+            (tmp_path / "run" / f"attempt_{attempt}" / str(rank)).mkdir(parents=True)
+            (tmp_path / "run" / f"attempt_{attempt}" / str(rank) / "stdout.log").write_text("step 1\n")
+    (tmp_path / "run" / "attempt_0" / "0" / "error.json").write_text(
+        '{"message": {"message": "RuntimeError: Connection closed by peer", "extraInfo": {"timestamp": "1"}}}')
+    log = tmp_path / "torchrun.log"
+    log.write_text("W... Sending process 101 closing signal SIGTERM\n"
+                   "E... failed (exitcode: -15) local_rank: 0 (pid: 101) of binary: python\n")
+    pids = {101: (0, 0), 102: (0, 1), 201: (1, 0), 202: (1, 1)}
+    assert collect(str(tmp_path), log, 0, [], pids).attempts[0].failure == "rank 1 killed by SIGKILL"
+    assert collect(str(tmp_path), log, 0, []).attempts[0].failure == "rank 0 stopped by torchrun"  # no pids: as logged
+    (tmp_path / "run" / "attempt_0" / "1" / "stderr.log").write_text("Traceback (most recent call last):\n...")
+    assert collect(str(tmp_path), log, 0, [], pids).attempts[0].failure == "rank 0 stopped by torchrun"  # no sure cause
+
+
 @pytest.mark.parametrize("max_restarts", [-1, 11, 1.5, True])
 def test_bad_max_restarts_is_one_line(max_restarts):
     with pytest.raises(ValueError, match=r"^max_restarts must be an int from 0 to 10, got "):
