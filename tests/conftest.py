@@ -40,7 +40,7 @@ def pytest_unconfigure(config):
 # Under `pytest -n 2` the notebooks run as two groups, each in order on one worker. The second group uses no
 # script of another lesson but ddp_common.py, which lesson 00 writes, so it starts once lesson 00's cell has written
 # it (tests/test_notebook_sync.py checks that split against the scripts each notebook launches and imports).
-SECOND_GROUP = ("10_", "11_", "12_")  # lesson 11 launches lesson 10's where_am_i.py: they stay together
+SECOND_GROUP = ("10", "11", "12")  # 10_, 10b_, 11_...: lesson 11 launches 10's where_am_i.py; they stay together
 WRITES_DDP_COMMON = "notebooks/00_start_here.ipynb"
 
 
