@@ -47,11 +47,12 @@ def test_workers_that_ignore_sigterm_are_killed_and_the_output_so_far_is_kept(la
 
 
 def test_timeout_from_counts_from_the_line_not_from_the_start(launch_env):
-    """slow_start.py runs about 5 s (1 s of it after 'ready'); a 3 s timeout from 'ready' lets it finish."""
+    """slow_start.py runs about 5 s (1 s of it after 'ready'); a 4 s timeout from 'ready' lets it finish (the
+    3 s left after its last line are for torchrun's own exit, slow on a loaded machine)."""
     start = time.monotonic()
-    run = lessons.torchrun(FIXTURES / "slow_start.py", nproc=2, timeout=3, timeout_from="ready", env=launch_env,
+    run = lessons.torchrun(FIXTURES / "slow_start.py", nproc=2, timeout=4, timeout_from="ready", env=launch_env,
                            show=False)
-    assert time.monotonic() - start > 3 + 3  # longer than the timeout: it counted from the line
+    assert time.monotonic() - start > 4 + 1  # longer than the timeout: it counted from the line
     assert run.stdout == {0: "ready\ndone\n", 1: "ready\ndone\n"}
 
 

@@ -91,8 +91,8 @@ def test_a_tcp_address_nobody_listens_on_is_reported_within_the_timeout(launch_e
     assert str(error.value).endswith("did not meet within 2 s (is every rank started, "
                                                      "and is the address one they all reach?)")
     # The 2 s timeout, plus starting Python and importing torch (slower while the notebooks run on the other
-    # xdist worker); the 30 s default would be far over.
-    assert elapsed < 2 + 12
+    # xdist worker); the 30 s default would be over.
+    assert elapsed < 2 + 20
 
 
 def test_2_nodes_of_3_processes_number_their_ranks(launch_env):

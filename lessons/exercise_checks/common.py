@@ -104,6 +104,9 @@ def start() -> None:
     global _store
     dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
     _store = dist.distributed_c10d._get_default_store()
+    # Every rank has finished connecting before any rank closes its connections: without it, a loaded machine
+    # saw one rank still in gloo's connectFullMesh get "Connection closed by peer" from a rank already past it.
+    dist.barrier()
     dist.destroy_process_group()
     print(START_LINE, flush=True)
 
