@@ -1,13 +1,10 @@
-"""Training that checkpoints, resumes exactly, and survives a killed rank.
+"""Training that checkpoints, resumes exactly, and survives a killed rank (lesson 07b).
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/train_resumable.py --checkpoint-dir ckpt
     ... --max-steps 37                       # stop after 37 steps, as a job's time limit would; run again to resume
     torchrun ... --max-restarts=1 ... --crash-rank 1 --crash-at-step 35   # SIGKILL rank 1 once; torchrun restarts
 
-Lesson 04's model and offline data, plus a little Gaussian noise as augmentation, so that
-the random state is part of the run. It resumes from the newest complete checkpoint in
---checkpoint-dir, and prints the SHA-256 of its final parameters: the same run, resumed or
-not, gives the same hash (on GPUs it asks for torch's deterministic kernels, which that needs there).
+Rank 0 prints the SHA-256 of the final parameters: the same run, resumed or not, gives the same hash.
 """
 import argparse
 import json
@@ -27,32 +24,32 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Subset
 
 import ddp_common  # import before init_process_group (see ddp_common.py)
-from checkpointing import (CheckpointError, ResumableSampler, load_checkpoint, load_model_state, newest_checkpoint,
-                           params_sha256, rng_states, save_atomically, set_rng_states)
+from checkpointing import CheckpointError, load_checkpoint, load_model_state, newest_checkpoint, save_atomically
+from exact_resume import ResumableSampler, params_sha256, rng_states, set_rng_states
 from train_ddp import SmallCNN, digits  # lesson 04's model and data
 
-# cuBLAS is deterministic only with a fixed workspace size, read from this variable: set it before anything
-# touches CUDA (a value you set yourself wins). Unused on the CPU.
+# cuBLAS is deterministic only with a fixed workspace, read from this variable before CUDA starts. Unused on the CPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
-@record  # a failing rank's traceback goes into torchrun's report, not only its own log (lesson 00)
+@record  # a failing rank's traceback goes into torchrun's report (lesson 00)
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints"))
     parser.add_argument("--checkpoint-every", type=int, default=0, help="steps; 0: at the end of each epoch only")
     parser.add_argument("--max-steps", type=int, help="stop after this many steps in all, with a checkpoint")
-    parser.add_argument("--crash-rank", type=int, help="this rank SIGKILLs itself ...")
-    parser.add_argument("--crash-at-step", type=int, help="... after this step, on the first attempt only")
-    parser.add_argument("--resume-without", choices=["sampler_position", "rng_state"], help="for the lesson")
     parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--noise", type=float, default=0.1, help="augmentation: Gaussian noise on the inputs")
     parser.add_argument("--seed", type=int, default=0)
+    lesson_only = parser.add_argument_group("lesson-only experiments: kill a rank once, leave a piece out")
+    lesson_only.add_argument("--crash-rank", type=int, help="this rank SIGKILLs itself ...")
+    lesson_only.add_argument("--crash-at-step", type=int, help="... after this step, on the first attempt only")
+    lesson_only.add_argument("--resume-without", choices=["sampler_position", "rng_state"], help="the control")
     args = parser.parse_args()
 
-    # Check what can be checked before any rank waits for another: bad input is one line, on every rank.
+    # Bad input is one line on every rank, before any rank waits for another.
     world_size, restart = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     train_set, _ = digits(args.seed)
     steps_per_epoch = math.ceil(math.ceil(len(train_set) / world_size) / args.batch_size)
@@ -61,14 +58,14 @@ def main():
                                ("--max-steps", args.max_steps or 1, 1), ("--batch-size", args.batch_size, 1)):
         if value < least:
             sys.exit(f"{flag} must be >= {least}, got {value}")
-    if (args.crash_rank is None) != (args.crash_at_step is None):
+    if (args.crash_rank is None) != (args.crash_at_step is None):  # the lesson-only flags
         sys.exit("--crash-rank and --crash-at-step go together")
     if args.crash_rank is not None and not 0 <= args.crash_rank < world_size:
         sys.exit(f"--crash-rank {args.crash_rank} is not a rank of this run (0..{world_size - 1})")
     if args.crash_at_step is not None and not 1 <= args.crash_at_step <= total_steps:
         sys.exit(f"--crash-at-step {args.crash_at_step} is outside this run: {args.epochs} epochs x "
                  f"{steps_per_epoch} steps = steps 1..{total_steps}")
-    try:  # a real write, not os.access(), which says yes to root even on a read-only file system
+    try:  # a real write: os.access() says yes to root even on a read-only file system
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         (args.checkpoint_dir / f".probe-{os.getpid()}").touch()
         (args.checkpoint_dir / f".probe-{os.getpid()}").unlink()
@@ -82,9 +79,9 @@ def main():
         rank = dist.get_rank()
     else:
         device, rank = torch.device("cuda" if torch.cuda.is_available() else "cpu"), 0
-    if device.type == "cuda":  # cuDNN's convolutions and cuBLAS pick kernels that may differ run to run:
-        torch.use_deterministic_algorithms(True)  # deterministic ones only (an op that has none raises)
-        torch.backends.cudnn.benchmark = False  # no timing-based choice of convolution algorithm
+    if device.type == "cuda":  # cuDNN and cuBLAS may pick kernels whose sums differ run to run
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
 
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     model = SmallCNN().to(device)
@@ -116,28 +113,26 @@ def main():
         if rank == 0:
             print(f"resumed from {chosen[0].name}: step {step}, epoch {epoch}, "
                   f"batch {checkpoint['batches_done_in_epoch']} of {checkpoint['steps_per_epoch']}")
-        if checkpoint["world_size"] == world_size:
-            if args.resume_without != "sampler_position":
+        if checkpoint["world_size"] == world_size:  # the same run goes on: the rest of the epoch, the same noise
+            if args.resume_without != "sampler_position":  # (lesson-only: --resume-without leaves one out)
                 sampler.skip = checkpoint["batches_done_in_epoch"] * args.batch_size
             if args.resume_without != "rng_state":
                 rng_to_restore = checkpoint["rng"][rank]
-        else:  # a new world size: the checkpoint's learning rates follow --lr (against the checkpoint's base lr)
+        else:  # another world size (07b, section 4): the checkpoint's learning rates follow --lr
             scale = args.lr / scheduler.base_lrs[0]
             for group in optimizer.param_groups:
                 group["lr"] *= scale
             scheduler.base_lrs = [lr * scale for lr in scheduler.base_lrs]
             if rank == 0:
-                print(f"resuming a {checkpoint['world_size']}-rank checkpoint on {world_size} ranks: the sampler "
-                      f"reshards, the global batch is {world_size * args.batch_size}, epoch {epoch} restarts from its "
-                      f"first batch, each rank's random stream is new, and the learning rate is x{scale:g} (--lr). "
-                      "The run goes on; it is no longer the same run.")
+                print(f"resuming a {checkpoint['world_size']}-rank checkpoint on {world_size} ranks: epoch {epoch} "
+                      f"restarts, the global batch is {world_size * args.batch_size}, the learning rate is x{scale:g} "
+                      "(--lr): a new run from the same weights")
         loss_at_resume = train_set_loss(model, train_set, rank, world_size, device, distributed)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None) if distributed else model
     if resumed_from is not None and distributed:
-        # DDP reduces its first backward in one bucket, in parameter order, then rebuilds its buckets in the
-        # order gradients become ready. A resumed run would do its first step in the first layout, where an
-        # uninterrupted run uses the rebuilt one; with 3+ ranks the layout changes the order of the float
-        # sums. One throwaway backward (no optimizer step) puts the resumed run in the same layout.
+        # DDP's first backward reduces in one bucket in parameter order, later ones in buckets rebuilt in the order
+        # gradients became ready; at 3+ ranks the layout changes the order of the float sums. One throwaway
+        # backward (no step) puts the resumed run in the layout an uninterrupted run has.
         ddp(train_set[0][0].unsqueeze(0).to(device)).sum().backward()
         optimizer.zero_grad(set_to_none=True)
     if rng_to_restore is not None:  # last: train_set_loss's DataLoader drew its iterator's seed from torch's RNG
@@ -178,7 +173,7 @@ def main():
                 save(epoch + 1, 0)
             elif (args.checkpoint_every and step % args.checkpoint_every == 0) or step == stop:
                 save(epoch, batches_done)
-            if rank == args.crash_rank and step == args.crash_at_step and restart == 0:
+            if rank == args.crash_rank and step == args.crash_at_step and restart == 0:  # lesson-only: the kill
                 print(f"rank {rank}: SIGKILL at step {step} (attempt {restart})", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if step == stop:

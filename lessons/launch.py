@@ -157,7 +157,7 @@ def launch_environment(env: dict[str, str] | None, threads_per_rank: int = 1,
     }
     worker_env.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())  # gloo's sockets on loopback
     if store_per_round:
-        # torch 2.14: a group that restarts (lesson 07) or re-forms (elastic, lesson 10) reuses the agent's store,
+        # torch 2.14: a group that restarts (lesson 07b) or re-forms (elastic, lesson 10) reuses the agent's store,
         # which still holds the last round's keys; the new round may then fail with "Connection refused" or hang
         # (measured; pytorch/pytorch#135712). With this opt-out each round gets a fresh store.
         worker_env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

@@ -1,7 +1,7 @@
-"""Lesson 07 beyond what its notebook runs: 4 ranks, 4 -> 2 ranks, broken files, bad input, attempts.
+"""Lessons 07 and 07b beyond what their notebooks run: 4 ranks, 4 -> 2 ranks, broken files, bad input, attempts.
 
-The notebook already runs (and nbval compares) the 2-rank exact resume, the kill-and-restart, the
-2 -> 3 ranks resume, the prefix script and the safe-load demos; these tests run the other sizes and
+The notebooks already run (and nbval compares) the 2-rank exact resume, the kill-and-restart, the
+2 -> 3 ranks resume (07b), the prefix and the safe-load demos (07); these tests run the other sizes and
 the edges, mostly in-process (no launch) where the script's own functions can be called.
 """
 import sys
