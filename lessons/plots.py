@@ -246,7 +246,8 @@ def plot_sharded_state(stages: dict[str, dict[str, float]], unit: float = 2**30,
             bottom += value / unit
         ax.text(x, bottom, number(bottom), ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(stages)), list(stages))
+    ax.set_ylim(0, 1.3 * max(sum(p.values()) for p in stages.values()) / unit)  # room for the legend above the bars
     ax.set_ylabel(f"{unit_name} per rank")
     ax.set_title(title + "\nhatched: sharded over the ranks (this rank holds its share only)", fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
     return finished(fig)
