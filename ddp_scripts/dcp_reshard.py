@@ -3,11 +3,8 @@
     torchrun --standalone --nproc-per-node=2 ddp_scripts/dcp_reshard.py --save /tmp/dcp
     torchrun --standalone --nproc-per-node=3 ddp_scripts/dcp_reshard.py --load /tmp/dcp
 
-With torch.distributed.checkpoint every rank writes its own shards, in parallel, and nobody gathers the
-full model (lesson 07's torch.save from rank 0 gathers everything on one rank first). The files record
-which slice of which tensor each piece is, so a different number of ranks can load them. The save is
-dcp.async_save: it copies the state to CPU memory, returns, and writes in a background thread while
-training could go on; .result() waits for the files.
+Every rank writes its own shards, and the files record which slice of which tensor each piece is, so a
+different number of ranks can load them. dcp.async_save writes in a background thread; .result() waits.
 """
 import argparse
 import json

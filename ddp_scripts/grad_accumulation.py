@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node=2 ddp_scripts/grad_accumulation.py --accum-steps 4
 
 Each rank runs k micro-batches of --micro-batch samples, then one optimizer step: a global batch of
-ranks x k x micro-batch samples. The same training runs five ways (--modes), each from the same start:
+ranks x k x micro-batch samples. The same training runs seven ways (--modes), each from the same start:
 
   no_sync        the first k-1 micro-batches inside ddp.no_sync(), the last one outside: one all-reduce
   every          no no_sync at all: DDP all-reduces after every micro-batch, k per step
@@ -13,9 +13,9 @@ ranks x k x micro-batch samples. The same training runs five ways (--modes), eac
   no_sync_fwd    the first k-1 micro-batches: only the forward inside no_sync(), the backward after it
   no_sync_bwd    the first k-1 micro-batches: only the backward inside no_sync(), the forward before it
 
-A communication hook counts DDP's all-reduces; the first step's gradients are compared with one process
-computing the whole global batch at once. The last two modes show what decides: DDP reads the flag that
-no_sync() clears in its forward (_pre_forward/_post_forward in torch/nn/parallel/distributed.py), and
+A communication hook counts DDP's all-reduces and notes when each happens; the first step's gradients are
+compared with one process computing the whole global batch at once. The last two modes show what decides: DDP
+reads the flag that no_sync() clears in its forward (_pre_forward/_post_forward in torch/nn/parallel/distributed.py), and
 a backward only finishes what that forward prepared.
 """
 import argparse
@@ -67,9 +67,11 @@ def flat_grads(model):
 
 def train(mode, batches, rank, world, k, micro, device):
     counter = {"all_reduces": 0}
+    timeline = []  # "forward j", "backward j" and each "all-reduce", in the order they happen
 
     def counting_hook(group, bucket):  # DDP calls this once per bucket it all-reduces
         counter["all_reduces"] += 1
+        timeline.append("all-reduce")  # inside backward: after the "backward j" it belongs to
         return allreduce_hook(group, bucket)  # the default all-reduce, unchanged
 
     ddp = DDP(make_model().to(device), device_ids=[device.index] if device.type == "cuda" else None)
@@ -87,12 +89,14 @@ def train(mode, batches, rank, world, k, micro, device):
                          or mode == "all_no_sync")
             # Forward and backward each get their own context, so that the last two modes can leave one of them
             # outside; for the other modes both are inside, the same as one `with ddp.no_sync():` around both.
+            timeline.append(f"forward {j}")
             with ddp.no_sync() if skip_sync and mode != "no_sync_bwd" else contextlib.nullcontext():
                 loss = F.mse_loss(ddp(x.to(device)), y.to(device))
+            timeline.append(f"backward {j}")
             with ddp.no_sync() if skip_sync and mode != "no_sync_fwd" else contextlib.nullcontext():
                 (loss if mode == "unscaled" else loss / k).backward()  # 1/k: the mean over k micro-batches
         if first_grads is None:
-            first_grads = flat_grads(ddp.module).clone()
+            first_grads, first_step = flat_grads(ddp.module).clone(), list(timeline)
         optimizer.step()
         optimizer.zero_grad()
         seconds.append(clock(device) - start)
@@ -103,7 +107,8 @@ def train(mode, batches, rank, world, k, micro, device):
     dist.all_reduce(lowest, op=dist.ReduceOp.MIN)
     return first_grads, {"allreduces_per_step": counter["all_reduces"] / len(batches),
                          "params_spread_across_ranks": (spread - lowest).abs().max().item(),
-                         "step_seconds": min(seconds)}  # the minimum: the step with the least noise in it
+                         "step_seconds": min(seconds),  # the minimum: the step with the least noise in it
+                         "first_step_timeline": first_step}
 
 
 def main():

@@ -2,13 +2,9 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/zero_by_hand.py
 
-One step: backward on every rank; reduce-scatter the gradients (each rank receives the averaged gradient of
-its own shard only); AdamW updates that shard; all-gather the updated shards into every rank's full copy.
-That is stage 1 (sharded optimizer state) with stage 2's communication: every rank still holds every full
-gradient, and more (the RESULT measures it). A real stage 2 reduce-scatters each bucket as backward
-produces it and frees those gradients; ZeroRedundancyOptimizer is stage 1 too.
-The references are DDP with torch's ZeroRedundancyOptimizer, and plain DDP with AdamW, from the same start on
-the same data; each reports the optimizer state that rank 0 holds.
+One step: backward; reduce-scatter the gradients (each rank receives its own shard's average); AdamW updates
+that shard; all-gather the shards into every rank's full copy. The references, from the same start on the
+same data: DDP with torch's ZeroRedundancyOptimizer, and plain DDP with AdamW.
 """
 import argparse
 import json

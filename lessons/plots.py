@@ -182,3 +182,72 @@ def ddp_picture(world_size: int = 2, save: str | None = None):
     if save:
         fig.savefig(save, dpi=110, metadata={"Software": None})
     return fig
+
+
+# Lesson 09 and lesson 12's figures (appended together; the other lessons' are above).
+
+
+def plot_accumulation_timeline(timelines: dict[str, list[str]]):
+    """One optimizer step per row, as grad_accumulation.py recorded it on rank 0 ("first_step_timeline"): each
+    micro-batch's forward (F) and backward (B), and each all-reduce that DDP's comm hook was called for (AR),
+    placed after the backward it ran in. Micro-batch j takes the same column in every row, so the rows compare."""
+    import matplotlib.pyplot as plt
+
+    colours = {"forward": "tab:green", "backward": "tab:orange", "all-reduce": "tab:red"}
+    k = 1 + max(int(e.split()[1]) for events in timelines.values() for e in events if e != "all-reduce")
+    fig, ax = plt.subplots(figsize=(8, 1.1 + 0.45 * len(timelines)))
+    for row, (label, events) in enumerate(timelines.items()):
+        micro_batch, reduces = 0, {}
+        for event in events:
+            kind = event.split()[0]
+            if kind == "all-reduce":
+                reduces[micro_batch] = reduces.get(micro_batch, 0) + 1
+                continue
+            micro_batch = int(event.split()[1])
+            left = 3 * micro_batch + (0 if kind == "forward" else 1)
+            ax.barh(row, 0.95, left=left, height=0.6, color=colours[kind])
+            ax.text(left + 0.475, row, f"{kind[0].upper()}{micro_batch}", ha="center", va="center", fontsize=7,
+                    color="white")
+        for j, n in reduces.items():  # several buckets: several all-reduces share the column
+            for i in range(n):
+                ax.barh(row, 0.9 / n, left=3 * j + 2 + i / n, height=0.6, color=colours["all-reduce"])
+            ax.text(3 * j + 2.45, row, "AR" if n == 1 else f"{n} AR", ha="center", va="center", fontsize=7,
+                    color="white")
+        total = sum(reduces.values())
+        ax.text(3 * k + 0.2, row, f"{total} all-reduce{'' if total == 1 else 's'}", va="center", fontsize=8)
+    ax.set_yticks(range(len(timelines)), list(timelines))
+    ax.invert_yaxis()
+    ax.set_xticks([3 * j + 1.5 for j in range(k)], [f"micro-batch {j}" for j in range(k)])
+    ax.set_xlim(-0.2, 3 * k + 2.2)
+    ax.set_title("One optimizer step on rank 0: F forward, B backward, AR an all-reduce DDP ran (its comm hook's "
+                 "calls)", fontsize=9)
+    return finished(fig)
+
+
+def plot_sharded_state(stages: dict[str, dict[str, float]], unit: float = 2**30, unit_name: str = "GiB",
+                       title: str = ""):
+    """What one rank holds under each stage, stacked: parameters, gradients, optimizer states (``stages``: stage
+    -> part -> bytes). A part smaller than the first stage's (DDP's) is drawn hatched: that stage shards it."""
+    import matplotlib.pyplot as plt
+
+    colours = {"parameters": "tab:blue", "gradients": "tab:orange", "optimizer states": "tab:green"}
+    first = next(iter(stages.values()))
+    number = (lambda v: f"{v:,.0f}") if unit == 1 else (lambda v: f"{v:.3g}")  # bytes whole, GiB to 3 digits
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for x, (stage, parts) in enumerate(stages.items()):
+        bottom = 0.0
+        for part, value in parts.items():
+            sharded = value < first[part]
+            ax.bar(x, value / unit, 0.6, bottom=bottom, color=colours[part], hatch="//" if sharded else None,
+                   edgecolor="white", label=part if x == 0 else None)
+            if value / unit > 0.04 * max(sum(p.values()) for p in stages.values()) / unit:
+                ax.text(x, bottom + value / unit / 2, number(value / unit), ha="center", va="center", fontsize=7.5,
+                        color="white")
+            bottom += value / unit
+        ax.text(x, bottom, number(bottom), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(stages)), list(stages))
+    ax.set_ylim(0, 1.3 * max(sum(p.values()) for p in stages.values()) / unit)  # room for the legend above the bars
+    ax.set_ylabel(f"{unit_name} per rank")
+    ax.set_title(title + "\nhatched: sharded over the ranks (this rank holds its share only)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper center", ncol=3)
+    return finished(fig)
