@@ -131,7 +131,7 @@ def test_bad_workdirs_are_refused_in_one_line(workdirs, text):
 
 
 def test_mp_spawn_on_each_node_numbers_the_ranks_across_nodes(launch_env):
-    nodes = python_nodes(SCRIPTS / "launch_spawn.py", nproc_per_node=1, timeout=90, show=False,
+    nodes = python_nodes(SCRIPTS / "launch_spawn.py", nproc_per_node=1, timeout=120, show=False,
                          env={**launch_env, "MASTER_PORT": str(free_port())},
                          node_args=[["--nprocs=1", "--nnodes=2", f"--node-rank={node}"] for node in (0, 1)])
     assert [sorted(r for r in node.stdout if r >= 0) for node in nodes] == [[0], [1]]  # node x 1 + local index
