@@ -1,10 +1,8 @@
 """An elastic job: it starts with the nodes it has, and re-forms when another node joins.
 
-    # terminal 1: a job that may run on 1 or 2 nodes; it starts alone after 1 s of waiting
+    # in two terminals, the second a little later: 1 or 2 nodes, starting alone after 1 s of waiting
     torchrun --nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:29500 \
         --rdzv-id=demo --rdzv-conf=last_call_timeout=1 ddp_scripts/elastic_world.py --until-world-size=4
-    # terminal 2, a little later: the same line. torchrun stops the running workers and restarts
-    # every worker, on both nodes, in one bigger group.
 """
 import argparse
 import json
@@ -31,8 +29,8 @@ def main():
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     print(f"restart {restart}: rank {rank} of {world_size} (node {os.environ['GROUP_RANK']})")
 
-    # Work in steps, each a collective. A real job would load its last checkpoint here (lesson 07):
-    # when the group re-forms, torchrun restarts every worker from the top of the script.
+    # Steps, each a collective. A real job loads its last checkpoint first (lesson 07): a re-formed group
+    # restarts every worker from the top of the script.
     steps, started = 0, time.monotonic()
     while world_size < args.until_world_size or steps < 3:
         if time.monotonic() - started > args.give_up_after:

@@ -1,10 +1,8 @@
-"""Three ways for ranks to find each other, each with rank and world_size given explicitly.
+"""Three ways for ranks to find each other (init_minimal.py, instrumented for the tests and the stale file).
 
-    python ddp_scripts/init_methods.py --init-method env     # MASTER_ADDR / MASTER_PORT, set by hand
-    python ddp_scripts/init_methods.py --init-method tcp     # tcp://127.0.0.1:PORT, rank 0 listens there
-    python ddp_scripts/init_methods.py --init-method file    # file:///fresh/dir/init, a file every rank can see
+    python ddp_scripts/init_methods.py --init-method env     # or tcp, or file
 
-This script starts its ranks itself (torch.multiprocessing, fork): no torchrun, so nothing is set for it.
+It forks its ranks itself: no torchrun, so nothing is set for it.
 """
 import argparse
 import datetime
@@ -72,10 +70,8 @@ def main():
     ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else list(range(args.world_size))
     stale = args.init_method == "file" and os.path.exists(path)  # a file:// path is good for one run only
     if stale and not args.reuse_stale_file:
-        # torch would read the dead run's rendezvous data: the ranks then fail, hang, or meet, by chance.
         sys.exit(f"{init_method} exists: a run that did not clean up left it. A file:// path is good for one run:"
                  " delete it, or use a fresh path (--reuse-stale-file tries anyway)")
-    # mp.spawn would re-import this script in each child; fork copies the running process.
     ranks_running = mp.start_processes(
         run_rank, args=(ranks, args.world_size, init_method, args.timeout, args.crash_after_init),
         nprocs=len(ranks), start_method="fork", join=False)

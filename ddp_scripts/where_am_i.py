@@ -1,9 +1,8 @@
 """Which rank am I? The variables torchrun sets, and the arithmetic that ties them together.
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/where_am_i.py
-    # two "nodes" on one machine: run each line in its own terminal
+    # two "nodes" on one machine, each in its own terminal: --node-rank=0 in one, --node-rank=1 in the other
     torchrun --nnodes=2 --node-rank=0 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 ddp_scripts/where_am_i.py
-    torchrun --nnodes=2 --node-rank=1 --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=29500 ddp_scripts/where_am_i.py
 """
 import json
 import os

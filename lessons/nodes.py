@@ -5,6 +5,8 @@ On a cluster you run one torchrun per node, each in its own terminal (or one per
 or Ctrl-C stops every agent and every worker, a failing rank raises ``LaunchError``. All on 127.0.0.1.
 On one host with GPUs, each agent gets its own slice of them (``gpu_slices``): every agent numbers
 LOCAL_RANK from 0, so without it two "nodes" would put their local rank 0 on the same GPU.
+With ``workdirs``, each agent (and so each of its workers) runs in its own directory: relative paths land on
+that "node's" own disk, as on machines that share no file system.
 """
 from __future__ import annotations
 
@@ -18,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import processes
-from .failure import LaunchError, failure
-from .launch import _check_arguments, launch_environment
-from .rank_output import LaunchResult, collect, print_ranks, read
+from .failure import LaunchError, failure, last_exception
+from .launch import _check_arguments, launch_environment, loopback_interface
+from .rank_output import LaunchResult, collect, parse_result, print_ranks, read
 
 MAX_NODES = 8
 GRACE_AFTER_A_FAILURE_S = 10.0  # the other nodes' ranks fail on their own once a peer is gone; else we stop them
@@ -79,7 +81,7 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
                    rendezvous: str = "c10d", node_ranks: list[int] | None = None, min_nodes: int | None = None,
                    join_when: str | None = None, timeout: float | None = 120, show: bool = True,
                    env: dict[str, str] | None = None, port: int | None = None,
-                   torchrun_flags: tuple | list = ()) -> NodesResult:
+                   torchrun_flags: tuple | list = (), workdirs: list | None = None) -> NodesResult:
     """Start ``nnodes`` torchrun agents, as ``nnodes`` machines would, and collect every rank.
 
     ``rendezvous="c10d"``: the agents meet at a store and it numbers the nodes; ``"static"``: each agent is
@@ -89,9 +91,12 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
     (default: one that is free now); 0 lets the c10d store pick one, which works on one node only.
     ``torchrun_flags``: more flags for every agent, e.g. ``["--tee=3", "--local-ranks-filter=0"]``: they show
     in ``command_lines``, and what torchrun prints goes to each node's ``launcher_log``.
+    ``workdirs``: one existing directory per node, the working directory of its agent and workers (default: this
+    process's); a relative path a script writes then stays on its node, as on machines without a shared disk.
     """
     script, nproc_per_node, args, timeout = _check_arguments(script, nproc_per_node, args, timeout, 1, 0)
     node_ranks = _check_nodes(nnodes, rendezvous, node_ranks, min_nodes)
+    workdirs = _check_workdirs(workdirs, nnodes)
     if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535):
         raise ValueError(f"port must be an int from 0 to 65535, got {port!r}")
     if port == 0 and (nnodes > 1 or rendezvous != "c10d"):
@@ -117,17 +122,20 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
 
     with tempfile.TemporaryDirectory(prefix="ddp_lessons_nodes_") as root:
         log_dirs = [Path(root) / f"node{i}" for i in range(nnodes)]
+        # An agent in its own working directory would not find a script path relative to ours.
+        script_path = str(script.resolve()) if any(workdirs) else str(script)
         commands = [[sys.executable, "-m", "torch.distributed.run", *f, f"--log-dir={d}", "--redirects=3",
-                     str(script), *args] for f, d in zip(flags, log_dirs)]
+                     script_path, *args] for f, d in zip(flags, log_dirs)]
         logs = [open(Path(root) / f"torchrun{i}.log", "wb") for i in range(nnodes)]
         agents = []
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            agents.append(processes.start(commands[0], agent_envs[0], logs[0]))
+            agents.append(processes.start(commands[0], agent_envs[0], logs[0], cwd=workdirs[0]))
             if join_when and not _wait_for_text(log_dirs[0], join_when, agents[0], deadline):
                 codes = [agents[0].poll()]  # node 0 ended, or the time ran out, before it printed join_when
             else:
-                agents += [processes.start(c, e, log) for c, e, log in zip(commands[1:], agent_envs[1:], logs[1:])]
+                agents += [processes.start(c, e, log, cwd=w)
+                           for c, e, log, w in zip(commands[1:], agent_envs[1:], logs[1:], workdirs[1:])]
                 codes = _wait_all(agents, deadline)
         except BaseException:
             with processes.interrupts_ignored():
@@ -159,6 +167,58 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
     return launched
 
 
+def python_nodes(script: str | os.PathLike, node_args: list[list], nproc_per_node: int, timeout: float | None = 120,
+                 show: bool = True, env: dict[str, str] | None = None) -> list[LaunchResult]:
+    """``python SCRIPT ARGS`` once per node, all at once, for a script that starts its own ranks on each node
+    (``mp.spawn`` per node): ``node_args[i]`` are node i's arguments. As ``run_python``: a timeout or Ctrl-C
+    stops every process, a failure raises ``LaunchError``; lines that start ``rank N`` are grouped by N.
+    ``nproc_per_node``: the ranks each node starts, to give each node its own GPUs as ``torchrun_nodes`` does."""
+    from .python_launch import by_rank  # here: python_launch imports this package's launch module too
+    script, _, _, timeout = _check_arguments(script, 1, (), timeout, 1, 0)
+    child_env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_interface(), **(env or {})}
+    child_env.pop("PYTHONUNBUFFERED", None)  # ranks share a stdout: each print() one write
+    slices = gpu_slices(len(node_args), nproc_per_node, visible_gpus(child_env)) or [None] * len(node_args)
+    envs = [child_env if devices is None else {**child_env, "CUDA_VISIBLE_DEVICES": devices} for devices in slices]
+    commands = [[sys.executable, str(script), *map(str, args)] for args in node_args]
+    with tempfile.TemporaryDirectory(prefix="ddp_lessons_nodes_") as root:
+        outs = [Path(root) / f"node{i}.out" for i in range(len(commands))]
+        errs = [Path(root) / f"node{i}.err" for i in range(len(commands))]
+        files = [open(path, "wb") for path in outs + errs]
+        started = []
+        try:
+            for command, node_env, out, err in zip(commands, envs, files, files[len(commands):]):
+                started.append(processes.start(command, node_env, out, stderr=err))
+            codes = _wait_all(started, None if timeout is None else time.monotonic() + timeout)
+        except BaseException:
+            with processes.interrupts_ignored():
+                for proc in started:
+                    processes.stop_tree(proc)
+            raise
+        finally:
+            for f in files:
+                f.close()
+        stopped = sum(processes.stop_tree(proc) for proc in started) if None in codes else 0
+        nodes = [LaunchResult(returncode=-9 if code is None else code, command=command,
+                              stdout=by_rank(read(out)), stderr={0: read(err)})
+                 for code, command, out, err in zip(codes, commands, outs, errs)]
+    for node in nodes:
+        node.result = parse_result("\n".join(node.stdout.values()))
+    if show:
+        for i, node in enumerate(nodes):
+            for text in [*node.stdout.values(), node.stderr[0]]:
+                sys.stdout.write("".join(f"[node{i}] {line}\n" for line in text.splitlines()))
+        sys.stdout.flush()
+    failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+    if failed:
+        last = last_exception(nodes[failed[0]].stderr[0])
+        raise LaunchError(f"node {failed[0]}: {script.name} failed (exit code {codes[failed[0]]}): {last}",
+                          nodes[failed[0]], root_cause=last)
+    if None in codes:
+        raise LaunchError(f"{script.name} on {len(nodes)} nodes timed out after {timeout:g} s; stopped "
+                          f"{len(started)} node(s) and {stopped} process(es)", nodes[0])
+    return nodes
+
+
 def _check_nodes(nnodes, rendezvous, node_ranks, min_nodes) -> list[int]:
     if isinstance(nnodes, bool) or not isinstance(nnodes, int) or not 1 <= nnodes <= MAX_NODES:
         raise ValueError(f"nnodes must be an int from 1 to {MAX_NODES}, got {nnodes!r}")
@@ -182,6 +242,17 @@ def _check_nodes(nnodes, rendezvous, node_ranks, min_nodes) -> list[int]:
     if len(set(node_ranks)) != nnodes:
         raise ValueError(f"each --node-rank must be used once, got {node_ranks}")
     return list(node_ranks)
+
+
+def _check_workdirs(workdirs, nnodes) -> list[str | None]:
+    if workdirs is None:
+        return [None] * nnodes  # this process's working directory, for every agent
+    if isinstance(workdirs, (str, os.PathLike)) or len(workdirs) != nnodes:
+        raise ValueError(f"workdirs needs one directory per node: {nnodes}, got {workdirs!r}")
+    missing = [str(w) for w in workdirs if not Path(w).is_dir()]
+    if missing:
+        raise ValueError(f"workdirs must exist: no directory {', '.join(missing)}")
+    return [str(Path(w).resolve()) for w in workdirs]
 
 
 def _wait_for_text(log_dir: Path, text: str, agent, deadline) -> bool:

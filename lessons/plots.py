@@ -251,3 +251,31 @@ def plot_sharded_state(stages: dict[str, dict[str, float]], unit: float = 2**30,
     ax.set_title(title + "\nhatched: sharded over the ranks (this rank holds its share only)", fontsize=9)
     ax.legend(fontsize=8, loc="upper center", ncol=3)
     return finished(fig)
+
+
+# Lesson 10b's figure.
+
+
+def plot_rank_grid(ranks: list[dict]):
+    """Lesson 10b: which global rank each (node, local rank) got, from what each rank printed.
+    ``ranks``: one dict per rank with its ``node``, ``local_rank``, ``rank`` and ``world_size``."""
+    import matplotlib.pyplot as plt
+
+    nodes = 1 + max(r["node"] for r in ranks)
+    per_node = 1 + max(r["local_rank"] for r in ranks)
+    fig, ax = plt.subplots(figsize=(1.6 * per_node + 1.6, 0.9 * nodes + 1.0), dpi=80)
+    for r in ranks:
+        x, y = r["local_rank"], nodes - 1 - r["node"]  # node 0 on top
+        ax.add_patch(plt.Rectangle((x - 0.45, y - 0.4), 0.9, 0.8, facecolor=f"C{r['node']}", alpha=0.25))
+        ax.text(x, y + 0.1, f"RANK {r['rank']}", ha="center", va="center", fontsize=10, weight="bold")
+        ax.text(x, y - 0.2, f"= {r['node']}×{per_node}+{r['local_rank']}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(per_node), [f"LOCAL_RANK {i}" for i in range(per_node)], fontsize=8)
+    ax.set_yticks(range(nodes), [f"node {nodes - 1 - i}\n(GROUP_RANK)" for i in range(nodes)], fontsize=8)
+    ax.set_xlim(-0.55, per_node - 0.45)
+    ax.set_ylim(-0.55, nodes - 0.45)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(f"RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK (world of {ranks[0]['world_size']})",
+                 fontsize=9)
+    return finished(fig)

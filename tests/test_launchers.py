@@ -1,6 +1,6 @@
-"""Lesson 10: launchers, init methods, several nodes on one machine, and a real Slurm.
+"""Lessons 10 and 10b: launchers, init methods, several nodes on one machine, and a real Slurm.
 
-Notebook 10 runs each launcher at 2 ranks, each init method once, and 2 nodes x 2 processes; here are
+Notebooks 10 and 10b run each launcher at 2 ranks, each init method once, and 2 nodes x 2 processes; here are
 the other sizes, the failures, the bad input, and what the notebook cannot run: the Slurm templates.
 """
 import os
@@ -19,7 +19,7 @@ import pytest
 import lessons
 from conftest import FIXTURES, SCRIPTS
 from lessons import slurm
-from lessons.nodes import free_port, gpu_slices
+from lessons.nodes import free_port, gpu_slices, python_nodes
 
 
 def test_fork_at_3_ranks_trains_data_parallel(launch_env):
@@ -100,6 +100,42 @@ def test_2_nodes_of_3_processes_number_their_ranks(launch_env):
                                  show=False, timeout=90)
     assert run.result["world_size"] == 6 and run.result["group_formed"] and run.result["arithmetic_holds"]
     assert [(r["node_rank"], r["local_rank"]) for r in run.result["ranks"]] == [(n, l) for n in (0, 1) for l in range(3)]
+
+
+def test_each_node_in_its_own_directory_shows_the_multinode_mistakes_and_their_fixes(tmp_path, launch_env):
+    """workdirs: each agent and its workers run in their own directory, as nodes without a shared disk."""
+    disks, shared = [tmp_path / "node0", tmp_path / "node1"], tmp_path / "shared"
+    for folder in [*disks, shared]:
+        folder.mkdir()
+    run = lessons.torchrun_nodes(SCRIPTS / "multinode_mistakes.py", nnodes=2, nproc_per_node=2, workdirs=disks,
+                                 args=[f"--shared-dir={shared}"], env=launch_env, show=False, timeout=90)
+    problems = {(row["case"].split()[0], row["version"]): row["problems"] for row in run.result["table"]}
+    assert problems[("dataset", "post")] == {"2": "no file to load", "3": "no file to load"}  # node 1 has no data
+    assert problems[("checkpoint", "post")] == {"0": "one of 2 writers of the file", "2": "one of 2 writers of the file"}
+    assert problems[("checkpoint,", "post")] == {"2": "no file to load", "3": "no file to load"}
+    assert problems[("metric", "post")] == {"2": "logged 7, not the sum 10"}
+    assert all(p == {} for (_, version), p in problems.items() if version == "fix")
+    # Relative paths landed in each node's own directory: node 1 never got the file rank 0 prepared.
+    assert (disks[0] / "data/post/file.pt").exists() and not (disks[1] / "data/post/file.pt").exists()
+    assert (disks[1] / "data/fix/file.pt").exists() and not Path("data/post/file.pt").exists()  # not in our cwd
+
+
+@pytest.mark.parametrize("workdirs, text", [
+    (["."], "workdirs needs one directory per node: 2"),
+    (".", "workdirs needs one directory per node: 2"),
+    ([".", "/no/such/dir"], "workdirs must exist: no directory /no/such/dir"),
+])
+def test_bad_workdirs_are_refused_in_one_line(workdirs, text):
+    with pytest.raises(ValueError, match=text):
+        lessons.torchrun_nodes(SCRIPTS / "where_am_i.py", workdirs=workdirs)
+
+
+def test_mp_spawn_on_each_node_numbers_the_ranks_across_nodes(launch_env):
+    nodes = python_nodes(SCRIPTS / "launch_spawn.py", nproc_per_node=1, timeout=120, show=False,
+                         env={**launch_env, "MASTER_PORT": str(free_port())},
+                         node_args=[["--nprocs=1", "--nnodes=2", f"--node-rank={node}"] for node in (0, 1)])
+    assert [sorted(r for r in node.stdout if r >= 0) for node in nodes] == [[0], [1]]  # node x 1 + local index
+    assert nodes[0].result["world_size"] == 2 and nodes[0].result["weights_equal_on_every_rank"]
 
 
 @pytest.mark.parametrize("node_ranks, text", [
