@@ -102,24 +102,6 @@ def test_2_nodes_of_3_processes_number_their_ranks(launch_env):
     assert [(r["node_rank"], r["local_rank"]) for r in run.result["ranks"]] == [(n, l) for n in (0, 1) for l in range(3)]
 
 
-def test_each_node_in_its_own_directory_shows_the_multinode_mistakes_and_their_fixes(tmp_path, launch_env):
-    """workdirs: each agent and its workers run in their own directory, as nodes without a shared disk."""
-    disks, shared = [tmp_path / "node0", tmp_path / "node1"], tmp_path / "shared"
-    for folder in [*disks, shared]:
-        folder.mkdir()
-    run = lessons.torchrun_nodes(SCRIPTS / "multinode_mistakes.py", nnodes=2, nproc_per_node=2, workdirs=disks,
-                                 args=[f"--shared-dir={shared}"], env=launch_env, show=False, timeout=90)
-    problems = {(row["case"].split()[0], row["version"]): row["problems"] for row in run.result["table"]}
-    assert problems[("dataset", "post")] == {"2": "no file to load", "3": "no file to load"}  # node 1 has no data
-    assert problems[("checkpoint", "post")] == {"0": "one of 2 writers of the file", "2": "one of 2 writers of the file"}
-    assert problems[("checkpoint,", "post")] == {"2": "no file to load", "3": "no file to load"}
-    assert problems[("metric", "post")] == {"2": "logged 7, not the sum 10"}
-    assert all(p == {} for (_, version), p in problems.items() if version == "fix")
-    # Relative paths landed in each node's own directory: node 1 never got the file rank 0 prepared.
-    assert (disks[0] / "data/post/file.pt").exists() and not (disks[1] / "data/post/file.pt").exists()
-    assert (disks[1] / "data/fix/file.pt").exists() and not Path("data/post/file.pt").exists()  # not in our cwd
-
-
 @pytest.mark.parametrize("workdirs, text", [
     (["."], "workdirs needs one directory per node: 2"),
     (".", "workdirs needs one directory per node: 2"),
