@@ -2,21 +2,18 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/grad_accumulation.py --accum-steps 4
 
-Each rank runs k micro-batches of --micro-batch samples, then one optimizer step: a global batch of
-ranks x k x micro-batch samples. The same training runs seven ways (--modes), each from the same start:
+Each rank runs k micro-batches of --micro-batch samples, then one optimizer step (a global batch of
+ranks x k x micro-batch samples), seven ways (--modes), each from the same start:
 
-  no_sync        the first k-1 micro-batches inside ddp.no_sync(), the last one outside: one all-reduce
-  every          no no_sync at all: DDP all-reduces after every micro-batch, k per step
-  nanogpt        ddp.require_backward_grad_sync = (last micro-batch), what no_sync() sets (nanoGPT's way)
-  all_no_sync    every micro-batch inside no_sync(), the last one too (a widely read post): never synchronized
-  unscaled       like no_sync, but the loss is not divided by k
-  no_sync_fwd    the first k-1 micro-batches: only the forward inside no_sync(), the backward after it
-  no_sync_bwd    the first k-1 micro-batches: only the backward inside no_sync(), the forward before it
+  no_sync       the first k-1 micro-batches inside ddp.no_sync(), the last one outside: the pattern
+  every         no no_sync: an all-reduce after every micro-batch
+  nanogpt       ddp.require_backward_grad_sync = (last micro-batch), what no_sync() sets
+  all_no_sync   every micro-batch inside no_sync(), the last one too (the post's loop)
+  unscaled      like no_sync, but the loss is not divided by k
+  no_sync_fwd   like no_sync, but only the forward inside no_sync()
+  no_sync_bwd   like no_sync, but only the backward inside no_sync()
 
-A communication hook counts DDP's all-reduces and notes when each happens; the first step's gradients are
-compared with one process computing the whole global batch at once. The last two modes show what decides: DDP
-reads the flag that no_sync() clears in its forward (_pre_forward/_post_forward in torch/nn/parallel/distributed.py), and
-a backward only finishes what that forward prepared.
+A comm hook counts DDP's all-reduces; the first step's gradient is compared with one process's big batch.
 """
 import argparse
 import contextlib
@@ -153,10 +150,6 @@ def run_checks(k, modes, args, rank, world, device):
         row["grad_diff_from_big_batch"] = (grads.cpu() - big_batch_grads).abs().max().item()
         row["grad_norm_ratio"] = (grads.norm() / big_batch_grads.norm()).item()
         table[mode] = row
-        if rank == 0:
-            print(f"k={k} {mode:>12}: {row['allreduces_per_step']:g} all-reduce(s) per step, first step's gradient vs one "
-                  f"big batch: max |diff| {row['grad_diff_from_big_batch']:.1e} (norm x{row['grad_norm_ratio']:.2f}), "
-                  f"parameters across ranks differ by {row['params_spread_across_ranks']:.1e}")
     result = {"world_size": world, "accum_steps": k, "global_batch": world * k * args.micro_batch, "modes": table}
     if "no_sync" in table:
         result.update(matches_big_batch=table["no_sync"]["grad_diff_from_big_batch"] < 1e-5,

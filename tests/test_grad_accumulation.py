@@ -43,7 +43,7 @@ def test_bad_input_is_one_line(args, message, monkeypatch):
 
 def test_compression_hooks_bytes_and_what_the_final_losses_can_say(launch_env):
     """compression_hooks.py's reading of powerSGD_hook.py (which tensors it compresses, the sizes of P and Q)
-    against the bytes the hook really handed to dist.all_reduce; and lesson 09's reading of the final losses, which
+    against the bytes the hook really handed to dist.all_reduce; and lesson 09b's reading of the final losses, which
     its notebook runs at one seed only: the plain all-reduce's own spread over seeds 0-3 is about as large as the
     gaps between plain, fp16 and bf16 (no ranking), while PowerSGD's gap is more than twice as large, and its
     loss above every seed's plain loss."""
