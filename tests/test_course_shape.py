@@ -72,7 +72,7 @@ def test_no_nbval_comment_in_any_notebook():
 SOURCE_LIMIT = 25_000
 NOT_YET_SPLIT = {"02_collectives_and_ring_allreduce": 34_000, "03_ddp_from_scratch": 30_500, "04_ddp_training": 30_500,
                  "07_checkpoints": 55_000, "08_syncbatchnorm": 32_500, "09_gradient_accumulation": 37_500,
-                 "10_launchers_and_multinode": 46_000, "11_debugging": 46_000, "12_memory_and_sharding": 45_000,
+                 "10_launchers_and_multinode": 46_000, "12_memory_and_sharding": 45_000,
                  "13_training_loop": 49_000}
 
 
