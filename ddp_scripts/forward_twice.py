@@ -2,17 +2,11 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/forward_twice.py
 
-Every training forward() through DDP starts by broadcasting rank 0's buffers (BatchNorm's running
-mean and variance) into every rank's module, in place. BatchNorm's backward keeps the buffers its
-forward used, and autograd refuses a backward whose saved tensors were changed in place since:
-"one of the variables needed for gradient computation has been modified by an inplace operation".
-From torch 2.6 it was raised here again (pytorch issue 175024) until a 2026 fix (pull request
-175851): the DDP installed here hides its broadcast from autograd's version counter. Each way runs on a fresh model, two training steps each:
-  two-forwards              out1 = model(a); out2 = model(b); loss(out1, out2).backward()
-  as-older-ddp              the same, with the buffer broadcast done in place, as DDP did before the fix
-  forward_sync_buffers=False  fix 1: no broadcast in forward (broadcast_buffers=False, deprecated in 2.13, did
-                              the same, but also skipped the buffers' broadcast at construction; this does not)
-  one-forward               fix 2: one forward on torch.cat([a, b]), split afterwards
+Each way, on a fresh model, two training steps:
+  two-forwards                out1 = model(a); out2 = model(b); loss(out1, out2).backward()
+  as-older-ddp                the same, with the broadcast done in place, as DDP did before torch's fix
+  forward_sync_buffers=False  fix 1: no broadcast in forward
+  one-forward                 fix 2: one forward on torch.cat([a, b]), split afterwards
 """
 import json
 

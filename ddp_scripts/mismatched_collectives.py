@@ -2,11 +2,6 @@
 
     TORCH_DISTRIBUTED_DEBUG=DETAIL torchrun --standalone --nproc-per-node=2 \
         ddp_scripts/mismatched_collectives.py --mismatch shape|order [--collective-timeout SECONDS]
-
-Every rank must call the same collectives, in the same order, with tensors of the same shape.
-Without help, a mismatch hangs, fails with a low-level message, or silently pairs the wrong calls.
-With TORCH_DISTRIBUTED_DEBUG=DETAIL, torch checks each collective against the other ranks' first
-(an extra collective of its own) and names what differs.
 """
 import argparse
 import datetime
@@ -27,8 +22,7 @@ def main():
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
     rank = dist.get_rank()
     if args.mismatch == "shape":  # e.g. a last batch that is smaller on one rank
-        numel = 4 + rank if args.mismatch == "shape" else 4
-        dist.all_reduce(torch.ones(numel, device=device))
+        dist.all_reduce(torch.ones(4 + rank, device=device))
     elif args.mismatch == "order":  # e.g. a branch that logs a metric on one rank before the other collective
         first, second = ("all_reduce", "broadcast") if rank == 0 else ("broadcast", "all_reduce")
         for op in (first, second):

@@ -1,19 +1,12 @@
 """Uneven inputs: one rank has one batch more than the others, and DDP waits for it forever.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/uneven_inputs.py [--join] [--collective-timeout S]
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/uneven_inputs.py [--join]
 
-Rank r gets 3 + r batches. Each backward() all-reduces the gradients, so every rank must run
-the same number of them. The rank with the extra batch waits in its last backward for partners
-that have left the loop. torch's Join context manager fixes it: a rank that runs out of data
-keeps answering the others' all-reduces with zeros until every rank is done.
---join runs Join twice. First with throw_on_early_termination=True: every rank raises as soon as
-one runs out. Then the default, shadowing: the RESULT checks that the weights are equal on every
-rank, and equal to the same schedule in one process (the mean over the ranks that still had a
-batch, divided by the world size, as DDP's default divide_by_initial_world_size=True does), and
-counts the all-reduces Join adds to every step.
+Rank r gets 3 + r batches; each backward() all-reduces, so the rank with the extra batch waits
+for partners that have left the loop. --join runs Join twice: with throw_on_early_termination=True
+(every rank raises once one runs out), then the default (a rank out of data answers with zeros).
 """
 import argparse
-import datetime
 import json
 
 import torch
@@ -33,18 +26,13 @@ def counted_all_reduce(*args, **kwargs):
     return _all_reduce(*args, **kwargs)
 
 
-dist.all_reduce = counted_all_reduce  # Join and DDP call it through the torch.distributed module
+dist.all_reduce = counted_all_reduce  # Join calls it through the torch.distributed module
 
 
 def batches_of(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(rank)
     return [(torch.randn(4, 3, generator=generator), torch.randn(4, 1, generator=generator))
             for _ in range(3 + rank)]
-
-
-def loss_of(model, batch) -> torch.Tensor:
-    x, y = batch
-    return torch.nn.functional.mse_loss(model(x), y)
 
 
 def reference(world_size: int) -> torch.Tensor:
@@ -54,8 +42,8 @@ def reference(world_size: int) -> torch.Tensor:
     model = torch.nn.Linear(3, 1)
     data = [batches_of(r) for r in range(world_size)]
     for step in range(max(len(d) for d in data)):
-        grads = [torch.autograd.grad(loss_of(model, d[step]), list(model.parameters()))
-                 for d in data if step < len(d)]
+        grads = [torch.autograd.grad(torch.nn.functional.mse_loss(model(d[step][0]), d[step][1]),
+                                     list(model.parameters())) for d in data if step < len(d)]
         with torch.no_grad():
             for i, p in enumerate(model.parameters()):
                 p -= LR * sum(g[i] for g in grads) / world_size
@@ -71,7 +59,7 @@ def train(model, batches, device) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     for x, y in batches:
         optimizer.zero_grad()
-        loss_of(model, (x.to(device), y.to(device))).backward()  # all-reduces: every rank must be here
+        torch.nn.functional.mse_loss(model(x.to(device)), y.to(device)).backward()  # all-reduces: every rank
         optimizer.step()
     return len(batches)
 
@@ -79,11 +67,10 @@ def train(model, batches, device) -> int:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--join", action="store_true", help="wrap the loop in torch's Join context manager")
-    parser.add_argument("--collective-timeout", type=float, default=1800)
     args = parser.parse_args()
 
     backend, device = backend_and_device()
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.collective_timeout))
+    dist.init_process_group(backend)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     batches = batches_of(rank)
     model = fresh_ddp(device)  # before the line below: a launch's timeout_from="batches" counts from the loop
@@ -91,10 +78,10 @@ def main():
 
     thrown, per_step = None, {}  # Join's own all-reduces per training step, on a rank that still has data
     if args.join:
-        try:  # no shadowing: every rank raises once one has run out, and all stop at the same step
+        try:  # every rank raises once one has run out, and all stop at the same step
             with Join([model], throw_on_early_termination=True):
                 before = PYTHON_ALL_REDUCES[0]
-                steps = train(model, batches, device)  # the rank with the extra batch raises in here
+                steps = train(model, batches, device)
                 per_step["throw_on_early_termination=True"] = (PYTHON_ALL_REDUCES[0] - before) / steps
         except RuntimeError as error:
             thrown = str(error)

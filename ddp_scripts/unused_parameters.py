@@ -2,13 +2,6 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/unused_parameters.py [--steps 30]
 
-Lesson 03 showed the error: a parameter that forward never uses never gets a gradient, so its
-bucket never fills, and the next forward() raises "Expected to have finished reduction in the
-prior iteration". Two ways out:
-  find_unused_parameters=True  after every forward, DDP walks the autograd graph from the outputs
-                               to find the parameters it does not reach, and marks them ready.
-  static_graph=True            DDP watches the first iteration, learns which parameters are unused,
-                               and skips the walk from then on. Only if the set never changes.
 Each configuration trains the same deep model for --steps steps; the ranks must agree on the weights.
 """
 import argparse
@@ -30,7 +23,7 @@ CONFIGS = {  # name: (the model has an unused head, DDP's keyword arguments)
 
 
 class DeepWithSpareHead(torch.nn.Module):
-    def __init__(self, spare_head: bool):
+    def __init__(self, spare_head):
         super().__init__()
         self.body = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU())
                                           for _ in range(16)])  # a deep graph: a long walk for DDP
@@ -41,7 +34,7 @@ class DeepWithSpareHead(torch.nn.Module):
         return self.head(self.body(x))
 
 
-def train(spare_head: bool, ddp_kwargs: dict, steps: int, device) -> tuple[float, bool]:
+def train(spare_head, ddp_kwargs, steps, device) -> tuple[float, bool]:
     torch.manual_seed(0)
     model = DDP(DeepWithSpareHead(spare_head).to(device), **ddp_kwargs)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -203,7 +203,7 @@ def _collectives_differ(events: dict[int, list[dict]]) -> list[Finding]:
         return [Finding("collectives-differ", (
             f"the ranks' collectives part at call #{place + 1}: {call(reference, reference_rank)}, "
             f"{call(sequence, rank)}; every rank must make the same collectives in the same order with the same"
-            " shapes, or the job hangs or fails (lesson 11)"))]
+            " shapes, or the job hangs or fails (lessons 11 and 11b)"))]
     return []
 
 

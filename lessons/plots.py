@@ -279,3 +279,50 @@ def plot_rank_grid(ranks: list[dict]):
     ax.set_title(f"RANK = GROUP_RANK × LOCAL_WORLD_SIZE + LOCAL_RANK (world of {ranks[0]['world_size']})",
                  fontsize=9)
     return finished(fig)
+
+
+# Lesson 11's figure.
+
+
+def plot_flight_recorder(records: dict[int, list[tuple[str, str]]], spans: list[tuple[int, int, str]] = ()):
+    """Each rank's collectives as the Flight Recorder listed them: one lane per rank, entries in order (a box
+    each: number, collective, input sizes). Entries the same on every rank are grey and joined across the lanes;
+    the first entry that differs is red, and a rank with no entry there gets a dashed empty box.
+    ``records``: {rank: [(collective, sizes), ...]}; ``spans``: (first, last, label) to name runs of entries,
+    numbered from 1 as the recorder numbers them."""
+    import matplotlib.pyplot as plt
+
+    ranks = sorted(records)
+    lanes = [records[r] for r in ranks]
+    same = 0
+    while same < min(map(len, lanes)) and all(lane[same] == lanes[0][same] for lane in lanes):
+        same += 1
+    length = max(map(len, lanes))
+    columns = max(length, same + 1)  # room for the dashed box when one rank stopped before the others
+    fig, ax = plt.subplots(figsize=(0.95 * columns + 1.2, 0.9 * len(ranks) + 1.2))
+    for row, (rank, lane) in enumerate(zip(ranks, lanes)):
+        y = -row
+        ax.text(-0.65, y, f"rank {rank}", ha="right", va="center", fontsize=9, fontweight="bold")
+        for i in range(columns):
+            if i < len(lane):
+                name, sizes = lane[i]
+                diverging = i >= same
+                ax.text(i, y, f"#{i + 1}\n{name.removeprefix('gloo:').removeprefix('nccl:')}\n{sizes}",
+                        ha="center", va="center", fontsize=7.5, color="#900" if diverging else "#222",
+                        bbox={"boxstyle": "round", "facecolor": "#f6d5d5" if diverging else "#eeeeee",
+                              "edgecolor": "#c33" if diverging else "#888", "linewidth": 1.6 if diverging else 0.8})
+            elif i == same:
+                ax.text(i, y, f"#{i + 1}\nnone", ha="center", va="center", fontsize=7.5, color="#900",
+                        bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "#c33", "linestyle": "--"})
+    for i in range(same):  # the entries every rank issued: a partner on each lane
+        ax.plot([i, i], [-0.32, -(len(ranks) - 1) + 0.32], color="#888", linewidth=0.8, zorder=0)
+    for first, last, label in spans:
+        ax.annotate("", xy=(last - 1 + 0.4, 0.62), xytext=(first - 1 - 0.4, 0.62),
+                    arrowprops={"arrowstyle": "-", "color": "#555"})
+        ax.text((first + last) / 2 - 1, 0.7, label, ha="center", va="bottom", fontsize=7.5, color="#333")
+    ax.set_xlim(-1.6, columns - 0.45)
+    ax.set_ylim(-(len(ranks) - 1) - 0.55, 1.05)
+    ax.axis("off")
+    ax.set_title(f"Flight Recorder: the first {same} collectives match on every rank; from #{same + 1} on, they part",
+                 fontsize=10)
+    return finished(fig)

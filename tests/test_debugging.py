@@ -1,4 +1,4 @@
-"""Lesson 11: the launcher (live output while a launch runs, every rank's stack when it times out) and the
+"""Lessons 11 and 11b: the launcher (live output while a launch runs, every rank's stack when it times out) and the
 failure catalogue at sizes the notebook does not run."""
 import subprocess
 import sys
@@ -65,7 +65,7 @@ def test_without_py_spy_the_timeout_says_so_in_one_line_and_still_stops_everythi
     # launch_env's teardown asserts that no process is left.
 
 
-# Lesson 11's failure catalogue, at sizes the notebook does not run. Each launch carries the launch_env
+# Lesson 11b's failure catalogue, at sizes the notebook does not run. Each launch carries the launch_env
 # marker, whose teardown fails on any process left behind.
 
 def test_join_fixes_uneven_inputs_on_3_ranks(launch_env):
