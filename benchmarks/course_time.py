@@ -10,8 +10,8 @@ import re
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-FAST = ["00_start_here", "04_ddp_training", "13_training_loop", "05_distributed_sampler", "07_checkpoints",
-        "11_debugging", "14_your_own_script"]
+FAST = ["00_start_here", "04_ddp_training", "13_training_loop", "13b_stopping_lr_and_compile",
+        "05_distributed_sampler", "07_checkpoints", "11_debugging", "14_your_own_script"]
 LAUNCH = re.compile(r"lessons\.(torchrun|torchrun_nodes|run_python|doctor|check)\(|^%%torchrun", re.M)
 
 

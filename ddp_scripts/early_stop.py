@@ -2,10 +2,6 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/early_stop.py --decide all
     torchrun --standalone --nproc-per-node=2 ddp_scripts/early_stop.py --decide rank0    # hangs: stop it
-
-Rank 0 evaluates on held-out digits and wants to stop after --patience evaluations without improvement. rank0:
-it leaves the loop alone, and the others wait in the next step's all-reduce. all: the wish is all-reduced (MAX:
-any rank may ask), every rank leaves at the same step. `logging` puts the rank in every record.
 """
 import argparse
 import importlib.util
@@ -24,23 +20,14 @@ from ddp_common import backend_and_device  # import before init_process_group
 log = logging.getLogger("train")
 
 
-class RankFilter(logging.Filter):
-    """Puts the rank into every record, so a format can say %(rank)s."""
-
-    def filter(self, record):
-        record.rank = dist.get_rank() if dist.is_initialized() else "-"
-        return True
-
-
 def setup_logging(rank):
-    handler = logging.StreamHandler()
-    handler.addFilter(RankFilter())  # on the handler: records of every logger that reach it get the rank
-    handler.setFormatter(logging.Formatter("%(levelname)s rank %(rank)s %(name)s: %(message)s"))
-    logging.basicConfig(handlers=[handler], level=logging.INFO if rank == 0 else logging.WARNING)
+    # The rank in every record; rank 0 at INFO, the others at WARNING: a warning from any rank still shows.
+    logging.basicConfig(format=f"%(levelname)s rank {rank} %(name)s: %(message)s",
+                        level=logging.INFO if rank == 0 else logging.WARNING)
 
 
 def digits():
-    """1792 of the 8x8 handwritten digits in the file scikit-learn ships: offline, no import."""
+    """1792 8x8 digits, from the file scikit-learn ships."""
     sklearn_dir = importlib.util.find_spec("sklearn").submodule_search_locations[0]
     table = np.loadtxt(os.path.join(sklearn_dir, "datasets", "data", "digits.csv.gz"), delimiter=",")[:1792]
     return torch.tensor(table[:, :-1], dtype=torch.float32) / 16, torch.tensor(table[:, -1]).long()

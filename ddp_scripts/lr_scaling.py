@@ -2,8 +2,7 @@
 
     python ddp_scripts/lr_scaling.py --ranks 8 --seeds 0 1 2 3 4
 
-One process, on purpose: N ranks of B samples compute the step of one process with N*B (lessons 00 and 04 check
-it), so the global batch stands for the ranks. Four runs per seed, the same epochs (N times fewer large steps):
+One process: N ranks of B samples make the step of one process with N*B (lessons 00, 04). Four runs per seed:
   base      batch B,   learning rate lr
   same_lr   batch N*B, lr                 (a)
   scaled    batch N*B, N*lr               (b) the linear scaling rule (Goyal et al. 2017)
@@ -22,7 +21,7 @@ from ddp_common import backend_and_device  # the device only: no process group h
 
 
 def digits():
-    """1792 of the 8x8 handwritten digits in the file scikit-learn ships: offline, no import."""
+    """1792 8x8 digits, from the file scikit-learn ships."""
     sklearn_dir = importlib.util.find_spec("sklearn").submodule_search_locations[0]
     table = np.loadtxt(os.path.join(sklearn_dir, "datasets", "data", "digits.csv.gz"), delimiter=",")[:1792]
     return torch.tensor(table[:, :-1], dtype=torch.float32) / 16, torch.tensor(table[:, -1]).long()

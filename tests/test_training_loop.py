@@ -1,6 +1,6 @@
-"""Lesson 13's checks at the sizes its notebook doesn't launch (it runs 2 ranks): clipping with accumulation at 3 and
-4 ranks, and early stopping at 3 ranks, the hang stopped by the timeout with nothing left behind. The agreed stop
-(--decide all) is the notebook's own launch, whose stopped_together nbval compares."""
+"""Lessons 13 and 13b's checks at the sizes their notebooks don't launch (they run 2 ranks): clipping with accumulation
+(13) at 3 and 4 ranks, and early stopping (13b) at 3 ranks, the hang stopped by the timeout with nothing left behind.
+The agreed stop (--decide all) is 13b's own launch, whose stopped_together nbval compares."""
 import pytest
 
 import lessons
