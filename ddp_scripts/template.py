@@ -58,7 +58,7 @@ def main():
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over all ranks (GPU only)")
     parser.add_argument("--amp", action="store_true", help="autocast: bf16 on the CPU, fp16 on a GPU")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the DDP model")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model, then wrap it in DDP")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a collective may wait for a rank")
     args = parser.parse_args()
 
@@ -87,10 +87,10 @@ def main():
     if args.sync_bn:  # only BatchNorm layers change; nccl only (lesson 08)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     plain = model  # what we save and evaluate: the unwrapped model (lesson 07)
+    if args.compile:  # compile, then wrap: a graph per bucket; torch.compile(DDP) compiles nothing here (lesson 13b)
+        model = torch.compile(model)
     if distributed:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if args.compile:  # compile the DDP model, so it can overlap communication with compute (lesson 13)
-        model = torch.compile(model)
     optimizer = torch.optim.SGD(plain.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
