@@ -2,9 +2,8 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/bench_ddp_variants.py
 
-The model is 8 layers of 1024x1024 (8.4 M parameters, 34 MB of gradients), so an
-all-reduce costs about as much as the forward and backward. A step time is the median
-over --steps steps after warm-up, taken from the slowest rank.
+8 layers of 1024x1024 (34 MB of gradients): an all-reduce costs about a forward and backward.
+Step time: the median over --steps steps after 2 warm-up steps, on the slowest rank.
 """
 import argparse
 import json
@@ -27,7 +26,7 @@ def make_model(device, width=1024, layers=8):
     return torch.nn.Sequential(*blocks).to(device)
 
 
-def step_ms(model, finish_gradients, device, steps, warmup, batch=32):
+def step_ms(model, finish_gradients, device, steps, warmup=2, batch=32):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(batch, 1024, device=device)
     times = []
@@ -51,7 +50,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bucket-mb", type=float, nargs="+", default=[0.25, 1, 5, 25, 100])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
     backend, device = backend_and_device()
@@ -59,15 +57,14 @@ def main():
     rows = []
 
     def measure(variant, bucket_mb, model, finish_gradients):
-        ms = step_ms(model, finish_gradients, device, args.steps, args.warmup)
+        ms = step_ms(model, finish_gradients, device, args.steps)
         rows.append({"variant": variant, "bucket_mb": bucket_mb, "step_ms": ms})
         if dist.get_rank() == 0:
-            print(f"{variant:<10} bucket {str(bucket_mb) + ' MB' if bucket_mb else '-':>8}: {ms:8.1f} ms/step")
+            print(f"{variant} (bucket {bucket_mb} MB): {ms:.1f} ms/step")
 
-    model = make_model(device)
-    measure("naive", None, model, NaiveDDP(model).finish_gradients)
-    model = make_model(device)
-    measure("overlap", None, model, OverlapDDP(model).finish_gradients)
+    for variant, Ours in (("naive", NaiveDDP), ("overlap", OverlapDDP)):
+        model = make_model(device)
+        measure(variant, None, model, Ours(model).finish_gradients)
     for mb in args.bucket_mb:
         model = make_model(device)
         measure("bucketed", mb, model, BucketedDDP(model, mb).finish_gradients)

@@ -1,8 +1,6 @@
 """What torch's DDP adds to the from-scratch versions, one demo each.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo unused [--find-unused]
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo bucket-view
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast|unused|bucket-view
 """
 import argparse
 import json
@@ -15,20 +13,18 @@ from ddp_common import backend_and_device  # import before init_process_group
 
 
 class TwoHeads(torch.nn.Module):
-    """Only one head is used per forward: the other's parameters get no gradient."""
+    """forward uses head_a only: head_b's parameters get no gradient."""
 
     def __init__(self):
         super().__init__()
-        self.body = torch.nn.Linear(8, 8)
-        self.head_a = torch.nn.Linear(8, 1)
-        self.head_b = torch.nn.Linear(8, 1)
+        self.body, self.head_a, self.head_b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1), torch.nn.Linear(8, 1)
 
-    def forward(self, x, use_b=False):
-        return (self.head_b if use_b else self.head_a)(self.body(x))
+    def forward(self, x):
+        return self.head_a(self.body(x))
 
 
 def demo_broadcast(device):
-    torch.manual_seed(dist.get_rank())  # deliberately different weights on each rank
+    torch.manual_seed(dist.get_rank())  # different weights on each rank
     model = torch.nn.Linear(4, 1).to(device)
     before = round(model.weight[0, 0].item(), 4)
     model = DDP(model)  # construction broadcasts rank 0's parameters and buffers
@@ -41,10 +37,9 @@ def demo_unused(device, find_unused):
     torch.manual_seed(0)
     model = DDP(TwoHeads().to(device), find_unused_parameters=find_unused)
     for step in range(3):
-        # head_b gets no gradient. Without find_unused_parameters, DDP waits for it forever:
-        # its bucket never fills, and the next forward() raises.
+        # head_b gets no gradient: without find_unused_parameters its bucket never fills; the next forward() raises.
         model(torch.randn(4, 8, device=device)).sum().backward()
-    print(f"rank {dist.get_rank()}: 3 steps with an unused head, find_unused_parameters={find_unused}: ok")
+    print(f"rank {dist.get_rank()}: 3 steps, unused head, find_unused_parameters={find_unused}: ok")
     return {"steps": 3}
 
 
@@ -55,7 +50,7 @@ def demo_bucket_view(device):
     for as_view in (False, True):
         torch.manual_seed(0)
         model = DDP(torch.nn.Linear(64, 64).to(device), gradient_as_bucket_view=as_view)
-        buckets = []  # DDP's own flat buckets, as its communication hook receives them
+        buckets = []  # DDP's own flat buckets, as its comm hook receives them
 
         def keep_bucket(group, bucket):
             buckets.append(bucket.buffer())
@@ -63,11 +58,10 @@ def demo_bucket_view(device):
 
         model.register_comm_hook(dist.group.WORLD, keep_bucket)
         model(torch.randn(4, 64, device=device)).sum().backward()
-        # Does .grad live in the memory of one of DDP's buckets? Same storage: a window into it, no copy.
+        # Does .grad live in the memory of one of DDP's buckets (a view, no copy)?
         grad = model.module.weight.grad.untyped_storage().data_ptr()
         shares[as_view] = any(b.untyped_storage().data_ptr() == grad for b in buckets)
-        print(f"rank {dist.get_rank()}: gradient_as_bucket_view={as_view}: .grad lives in DDP's bucket: "
-              f"{shares[as_view]}")
+        print(f"rank {dist.get_rank()}, gradient_as_bucket_view={as_view}: .grad in a bucket: {shares[as_view]}")
     return {"grad_is_bucket_view": shares[True], "grad_is_copy_without_flag": not shares[False]}
 
 
@@ -79,12 +73,9 @@ def main():
 
     backend, device = backend_and_device()
     dist.init_process_group(backend)
-    if args.demo == "broadcast":
-        mine = demo_broadcast(device)
-    elif args.demo == "unused":
-        mine = demo_unused(device, args.find_unused)
-    else:
-        mine = demo_bucket_view(device)
+    demos = {"broadcast": demo_broadcast, "bucket-view": demo_bucket_view,
+             "unused": lambda device: demo_unused(device, args.find_unused)}
+    mine = demos[args.demo](device)
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:

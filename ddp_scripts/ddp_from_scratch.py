@@ -1,16 +1,8 @@
 """DDP from scratch, in three steps, each checked against one big batch and torch's DDP.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_from_scratch.py --variant bucketed
     torchrun --standalone --nproc-per-node=4 ddp_scripts/ddp_from_scratch.py --variant naive overlap bucketed
 
-naive (ddp_step1_naive.py):       after backward(), all-reduce every gradient and divide by the world size.
-overlap (ddp_step2_overlap.py):   a hook per parameter starts an async all-reduce as soon as its gradient is
-                                  ready, so communication overlaps the rest of backward; wait before step().
-bucketed (ddp_step3_bucketed.py): gradients are copied into flat buckets of --bucket-mb; a bucket is
-                                  all-reduced as soon as it is full: fewer, larger messages (see lesson 02).
-
-Several variants in one launch check each in turn (one start of torch instead of three); the RESULT line then
-holds {"variants": [one result per variant]}.
+Several variants are checked in turn; RESULT then holds {"variants": [...]}.
 """
 import argparse
 import json
@@ -51,20 +43,16 @@ def train(model, batches, steps, before_step=lambda: None):
 
 
 def check(variant, args, mine, global_batches, device, rank, world_size):
-    """Train with our `variant`, one process on the whole batch, and torch's DDP; return rank 0's result."""
+    """Train ours, one process on the whole batch, and torch's DDP; return rank 0's result."""
     # Ours. Each rank starts from different weights: the broadcast must fix that.
     model = make_model(seed=rank, device=device, unused=args.unused)
-    if variant == "naive":
-        ddp = NaiveDDP(model)
-    elif variant == "overlap":
-        ddp = OverlapDDP(model)
-    else:
-        ddp = BucketedDDP(model, args.bucket_mb)
+    ddp = {"naive": NaiveDDP, "overlap": OverlapDDP,
+           "bucketed": lambda model: BucketedDDP(model, args.bucket_mb)}[variant](model)
     ours, (backward_start, backward_end) = train(model, mine, args.steps, before_step=ddp.finish_gradients)
 
-    # One process, the whole batch: the mean loss over N*B samples = average of the ranks' means.
+    # One process, the whole batch.
     single, _ = train(make_model(seed=0, device=device), global_batches, args.steps)
-    # torch's DDP, from the same different starting weights.
+    # torch's DDP, from the same per-rank starting weights.
     theirs, _ = train(DistributedDataParallel(make_model(seed=rank, device=device)), mine, args.steps)
 
     diffs = torch.stack([(ours - single).abs().max(), (ours - theirs).abs().max()])
@@ -72,8 +60,7 @@ def check(variant, args, mine, global_batches, device, rank, world_size):
     diff_single, diff_torch = diffs.tolist()
     if rank != 0:
         return None
-    print(f"{variant}, {world_size} ranks, {args.steps} steps: max |ours - single process| = "
-          f"{diff_single:.0e}, max |ours - torch DDP| = {diff_torch:.0e}")
+    print(f"{variant}, {world_size} ranks: max |ours - one process| {diff_single:.0e}, |ours - DDP| {diff_torch:.0e}")
     result = {"variant": variant, "world_size": world_size,
               "matches_single_process": diff_single < 1e-5, "matches_torch_ddp": diff_torch < 1e-5,
               "max_abs_diff": max(diff_single, diff_torch), "diff_torch_ddp": diff_torch}
@@ -92,7 +79,7 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=0.01)  # tiny model: several buckets
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch-per-rank", type=int, default=8)
-    parser.add_argument("--unused", action="store_true", help="add a parameter that gets no gradient")
+    parser.add_argument("--unused", action="store_true")
     args = parser.parse_args()
 
     backend, device = backend_and_device()
@@ -101,9 +88,9 @@ def main():
 
     # The same global batches on every rank; rank r trains on its slice of each.
     g = torch.Generator().manual_seed(0)
-    global_batches = [(torch.randn(args.batch_per_rank * world_size, 32, generator=g),
-                       torch.randn(args.batch_per_rank * world_size, 4, generator=g)) for _ in range(args.steps)]
-    global_batches = [(x.to(device), y.to(device)) for x, y in global_batches]
+    n = args.batch_per_rank * world_size
+    global_batches = [(torch.randn(n, 32, generator=g).to(device), torch.randn(n, 4, generator=g).to(device))
+                      for _ in range(args.steps)]
     mine = [(x.chunk(world_size)[rank], y.chunk(world_size)[rank]) for x, y in global_batches]
 
     results = [check(variant, args, mine, global_batches, device, rank, world_size) for variant in args.variant]

@@ -1,7 +1,4 @@
-"""DDP from scratch, step 1: broadcast the weights once, then all-reduce every gradient after backward().
-
-Used by ddp_from_scratch.py, which checks it against one big batch and torch's DDP.
-"""
+"""DDP from scratch, step 1: broadcast the weights once, then all-reduce every gradient after backward()."""
 import time
 
 import torch.distributed as dist
@@ -17,7 +14,7 @@ class NaiveDDP:
     def __init__(self, model):
         self.model = model
         broadcast_parameters(model)
-        self.launched_at = []  # when each all-reduce started (time.perf_counter), to compare with step 2
+        self.launched_at = []  # when each all-reduce started, to compare with step 2
 
     def finish_gradients(self):  # call after backward(), before optimizer.step()
         for p in self.model.parameters():

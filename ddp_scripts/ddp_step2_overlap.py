@@ -1,7 +1,4 @@
-"""DDP from scratch, step 2: start each gradient's all-reduce during backward, as soon as it is ready.
-
-Used by ddp_from_scratch.py, which checks it against one big batch and torch's DDP.
-"""
+"""DDP from scratch, step 2: start each gradient's all-reduce during backward, as soon as it is ready."""
 import time
 
 import torch.distributed as dist
@@ -14,7 +11,7 @@ class OverlapDDP:
         self.model = model
         broadcast_parameters(model)
         self.pending = []
-        self.launched_at = []  # when each all-reduce started (time.perf_counter), to show the overlap
+        self.launched_at = []  # when each all-reduce started, to show the overlap
         for p in model.parameters():
             p.register_post_accumulate_grad_hook(self.start_all_reduce)
 

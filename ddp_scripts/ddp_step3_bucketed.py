@@ -1,7 +1,4 @@
-"""DDP from scratch, step 3: pack gradients into flat buckets; all-reduce a bucket as soon as it is full.
-
-Used by ddp_from_scratch.py, which checks it against one big batch and torch's DDP.
-"""
+"""DDP from scratch, step 3: pack gradients into flat buckets; all-reduce a bucket as soon as it is full."""
 import torch
 import torch.distributed as dist
 
@@ -16,11 +13,12 @@ class BucketedDDP:
         # Gradients arrive roughly in reverse order of definition: bucket them that way.
         self.buckets, current, size = [], [], 0
         for p in reversed(list(model.parameters())):
-            if current and size + p.numel() * p.element_size() > cap:
+            nbytes = p.numel() * p.element_size()
+            if current and size + nbytes > cap:
                 self.buckets.append(current)
                 current, size = [], 0
             current.append(p)
-            size += p.numel() * p.element_size()
+            size += nbytes
         self.buckets.append(current)
         self.flat = [torch.zeros(sum(p.numel() for p in b), dtype=b[0].dtype, device=b[0].device)
                      for b in self.buckets]

@@ -42,7 +42,7 @@ class Exercise:
 
 
 EXERCISES = {
-    "ring_allreduce": Exercise("02_collectives_and_ring_allreduce", 5, "ring_all_reduce(tensor) -> None",
+    "ring_allreduce": Exercise("02b_ring_allreduce_from_scratch", 5, "ring_all_reduce(tensor) -> None",
                                ("ring_all_reduce",)),
     "average_gradients": Exercise("03_ddp_from_scratch", 3, "average_gradients(model) -> None",
                                   ("average_gradients",)),

@@ -26,7 +26,7 @@ SCREENSHOTS = ROOT / "artifacts" / "screenshots"
 # slider to press -> element whose text must change. Their widget cells run here, after the first cell (the
 # imports), as a learner who jumps to the widget would run them; nbval executes every cell, launches included.
 RUN_IN_BROWSER = {
-    "02_collectives_and_ring_allreduce.ipynb": (1, ".ring-step"),  # the step slider of the ring stepper
+    "02b_ring_allreduce_from_scratch.ipynb": (1, ".ring-step"),  # the step slider of the ring stepper
     "05_distributed_sampler.ipynb": (0, ".sampler-shards"),  # the dataset-size slider of the explorer
 }
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
