@@ -1,11 +1,6 @@
-"""A real training run that works as one process *and* under torchrun, unchanged.
+"""One training script for plain `python` and for torchrun, unchanged (--dataset cifar10 needs the internet once).
 
-    python ddp_scripts/train_ddp.py --epochs 3                              # one process
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/train_ddp.py --epochs 3
-    ... --dataset cifar10 --model resnet18                                  # needs the internet once
-
-The default data set is offline: scikit-learn's bundled handwritten digits, resized to
-32x32x3 so that CIFAR-shaped models run on it unchanged.
+The five DDP changes are marked 1. to 5.; the rest is lesson machinery (data, timing, RESULT).
 """
 import argparse
 import importlib.util
@@ -40,9 +35,8 @@ class SmallCNN(torch.nn.Module):
 
 
 def digits(seed):
-    """1797 8x8 digits shipped inside scikit-learn, as 32x32 RGB: 1500 to train, 297 to test."""
-    # The file sklearn.datasets.load_digits() reads: one row per image, 64 pixels (0 to 16), then the label.
-    # Read directly, because importing scikit-learn costs about a second in every rank of every launch.
+    """scikit-learn's 1797 8x8 digits as 32x32 RGB (offline): 1500 to train, 297 to test."""
+    # The file load_digits() reads, read directly: importing scikit-learn costs a second in every rank.
     sklearn_dir = importlib.util.find_spec("sklearn").submodule_search_locations[0]  # finds it, imports nothing
     table = np.loadtxt(os.path.join(sklearn_dir, "datasets", "data", "digits.csv.gz"), delimiter=",")
     images = torch.tensor(table[:, :-1].reshape(-1, 1, 8, 8), dtype=torch.float32) / 16.0
@@ -60,15 +54,14 @@ def cifar10(data_dir, distributed):
 
     transform = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
     error = None
-    # One download per *machine*: LOCAL_RANK 0 of each node (a node may not share the first node's disk).
     if int(os.environ.get("LOCAL_RANK", 0)) == 0:
         try:
             torchvision.datasets.CIFAR10(data_dir, train=True, download=True)
-        except Exception as e:  # offline, proxy, disk full: one line, not a traceback wall
+        except Exception as e:  # offline: one line, not a traceback wall
             error = f"could not download CIFAR-10 to {data_dir}: {type(e).__name__}: {e}"
     if distributed:
         errors = [None] * dist.get_world_size()
-        dist.all_gather_object(errors, error)  # also the barrier: nobody reads before the downloads are done
+        dist.all_gather_object(errors, error)  # also the barrier before anyone reads
         error = next((e for e in errors if e), None)
     if error:
         raise SystemExit(f"{error}\n(use --dataset digits, which needs no network)")
@@ -76,7 +69,7 @@ def cifar10(data_dir, distributed):
             torchvision.datasets.CIFAR10(data_dir, train=False, transform=transform))
 
 
-@record  # a failing rank's traceback goes into torchrun's report, not only its own log (lesson 00)
+@record  # a failing rank's traceback goes into torchrun's report (lesson 00)
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
@@ -90,23 +83,21 @@ def main():
     parser.add_argument("--save-model", help="rank 0 saves the trained model's state_dict here")
     args = parser.parse_args()
 
-    # Under torchrun RANK is set: go distributed. Run with plain python: one process, no process group.
-    distributed = "RANK" in os.environ
+    distributed = "RANK" in os.environ  # set by torchrun; plain python: one process, no process group
     if distributed:
         backend, device = ddp_common.backend_and_device()  # nccl: also torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)  # nccl: eager init
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)  # 1.
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         rank, world_size = 0, 1
-    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP would broadcast them anyway)
+    torch.manual_seed(args.seed)
 
     train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args.data_dir, distributed)
-    # Each rank a different 1/N of the data; set_epoch reshuffles it differently every epoch.
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)  # 2.
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
                         pin_memory=device.type == "cuda")
-    # Evaluation shards without padding (DistributedSampler would repeat samples): rank r takes r, r+N, ...
+    # Evaluation without padding (DistributedSampler would repeat samples): rank r takes r, r+N, ...
     test_loader = DataLoader(Subset(test_set, range(rank, len(test_set), world_size)), batch_size=256)
 
     if args.model == "cnn":
@@ -114,7 +105,7 @@ def main():
     else:
         import torchvision
         model = torchvision.models.resnet18(num_classes=10).to(device)
-    if distributed:  # device_ids=[local_rank] on a GPU; without it, DDP would not know which GPU is this rank's
+    if distributed:  # 3. device_ids: this rank's GPU
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     if rank == 0:
@@ -124,7 +115,7 @@ def main():
     epoch_losses, timed_samples, timed_seconds = [], 0, 0.0
     for epoch in range(args.epochs):
         epoch_start = time.perf_counter()
-        sampler.set_epoch(epoch)  # forget this and every epoch sees the same order
+        sampler.set_epoch(epoch)  # 4. forget it and every epoch sees the same order
         model.train()
         totals = torch.zeros(2, device=device)  # sum of losses, number of samples
         for x, y in tqdm(loader, desc=f"epoch {epoch}", disable=rank != 0, ncols=80):
@@ -133,21 +124,18 @@ def main():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            # torch.full on the device, not torch.tensor(len(y), device=...): that would copy a CPU value to
-            # the GPU on every step and wait for it, undoing non_blocking (lesson 06).
+            # torch.full, not torch.tensor(len(y), device=...): a blocking copy every step (lesson 06)
             totals += torch.stack([loss.detach() * len(y), torch.full((), float(len(y)), device=device)])
         if distributed:
-            # all_reduce, so every rank knows the mean. (reduce(dst=...) would do for logging, but dst is a
-            # *global* rank: passing a device index such as local_rank sends it to the wrong rank on node 2+.)
-            dist.all_reduce(totals)
+            dist.all_reduce(totals)  # 5. sums and counts of all ranks
         epoch_losses.append((totals[0] / totals[1]).item())
-        if epoch > 0 or args.epochs == 1:  # epoch 0 warms up (allocator, threads, DDP's bucket rebuild): not timed
-            timed_samples += int(totals[1])  # all ranks' samples, after the all_reduce
+        if epoch > 0 or args.epochs == 1:  # epoch 0 warms up: not timed
+            timed_samples += int(totals[1])
             timed_seconds += time.perf_counter() - epoch_start
         if rank == 0:
             print(f"epoch {epoch}: train loss {epoch_losses[-1]:.4f} (mean over all ranks' samples)")
 
-    # Evaluate the plain model inside DDP: even a no-grad forward through the wrapper broadcasts buffers.
+    # Evaluate the plain model: even a no-grad forward through DDP broadcasts buffers.
     plain_model = model.module if distributed else model
     plain_model.eval()
     correct = torch.zeros(2, device=device)  # correct, seen
@@ -158,7 +146,6 @@ def main():
     if distributed:
         dist.all_reduce(correct)
     test_acc = (correct[0] / correct[1]).item()
-    # After the all_reduce every rank holds the same numbers: any rank could report them.
     print(f"rank {rank}: test accuracy {test_acc:.3f} on {int(correct[1])} samples (each counted once)")
     if rank == 0 and args.save_model:
         torch.save(plain_model.state_dict(), args.save_model)

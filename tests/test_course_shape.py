@@ -67,15 +67,13 @@ def test_no_nbval_comment_in_any_notebook():
     assert carrying == []
 
 
-# One lesson, one sitting: at most 25 KB of source (markdown and code, outputs excluded). These lessons are still
-# over it and are to be split (issue 25); until then each may not grow past the size given here.
+# One lesson, one sitting: at most 25 KB of source (markdown and code, outputs excluded).
 SOURCE_LIMIT = 25_000
-NOT_YET_SPLIT = {"04_ddp_training": 30_500, "08_syncbatchnorm": 32_500}
 
 
 def test_each_lesson_fits_one_sitting(capsys):
     sizes = {nb.stem: sum(len(text(c).encode()) for c in cells(nb)) for nb in NOTEBOOKS}
     with capsys.disabled():
-        print("\nnotebook source sizes (KB):", ", ".join(f"{name[:2]} {size / 1000:.1f}" for name, size in sizes.items()))
-    over = {name: size for name, size in sizes.items() if size > NOT_YET_SPLIT.get(name, SOURCE_LIMIT)}
-    assert over == {}, f"over {SOURCE_LIMIT // 1000} KB of source (or grown past its size before its split): {over}"
+        print("\nnotebook source sizes (KB):", ", ".join(f"{name.split('_')[0]} {size / 1000:.1f}" for name, size in sizes.items()))
+    over = {name: size for name, size in sizes.items() if size > SOURCE_LIMIT}
+    assert over == {}, f"over {SOURCE_LIMIT // 1000} KB of source: {over}"
