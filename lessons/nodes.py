@@ -10,6 +10,7 @@ that "node's" own disk, as on machines that share no file system.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
@@ -129,7 +130,7 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
         logs = [open(Path(root) / f"torchrun{i}.log", "wb") for i in range(nnodes)]
         agents = []
         deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        with _stopped_on_error(agents, logs):
             agents.append(processes.start(commands[0], agent_envs[0], logs[0], cwd=workdirs[0]))
             if join_when and not _wait_for_text(log_dirs[0], join_when, agents[0], deadline):
                 codes = [agents[0].poll()]  # node 0 ended, or the time ran out, before it printed join_when
@@ -137,14 +138,6 @@ def torchrun_nodes(script: str | os.PathLike, nnodes: int = 2, nproc_per_node: i
                 agents += [processes.start(c, e, log, cwd=w)
                            for c, e, log, w in zip(commands[1:], agent_envs[1:], logs[1:], workdirs[1:])]
                 codes = _wait_all(agents, deadline)
-        except BaseException:
-            with processes.interrupts_ignored():
-                for agent in agents:
-                    processes.stop_tree(agent)
-            raise
-        finally:
-            for log in logs:
-                log.close()
         stopped = sum(processes.stop_tree(agent) for agent in agents) if None in codes else 0
         launched.nodes = [collect(str(d), Path(root) / f"torchrun{i}.log", -9 if c is None else c, command)
                           for i, (d, c, command) in enumerate(zip(log_dirs, codes, commands))]
@@ -185,18 +178,10 @@ def python_nodes(script: str | os.PathLike, node_args: list[list], nproc_per_nod
         errs = [Path(root) / f"node{i}.err" for i in range(len(commands))]
         files = [open(path, "wb") for path in outs + errs]
         started = []
-        try:
+        with _stopped_on_error(started, files):
             for command, node_env, out, err in zip(commands, envs, files, files[len(commands):]):
                 started.append(processes.start(command, node_env, out, stderr=err))
             codes = _wait_all(started, None if timeout is None else time.monotonic() + timeout)
-        except BaseException:
-            with processes.interrupts_ignored():
-                for proc in started:
-                    processes.stop_tree(proc)
-            raise
-        finally:
-            for f in files:
-                f.close()
         stopped = sum(processes.stop_tree(proc) for proc in started) if None in codes else 0
         nodes = [LaunchResult(returncode=-9 if code is None else code, command=command,
                               stdout=by_rank(read(out)), stderr={0: read(err)})
@@ -262,6 +247,22 @@ def _wait_for_text(log_dir: Path, text: str, agent, deadline) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+@contextlib.contextmanager
+def _stopped_on_error(started: list, files: list):
+    """Whatever ends the block early (Ctrl-C too), every process in ``started`` (so far) is stopped with its tree;
+    the output files are closed either way."""
+    try:
+        yield
+    except BaseException:
+        with processes.interrupts_ignored():
+            for proc in started:
+                processes.stop_tree(proc)
+        raise
+    finally:
+        for f in files:
+            f.close()
 
 
 def _wait_all(agents, deadline) -> list[int | None]:
