@@ -113,7 +113,7 @@ class WorkerPids:
 
     def __init__(self, launcher_pid: int):
         self.launcher_pid = launcher_pid
-        self.seen: dict[int, tuple[int, int] | None] = {}
+        self.workers: dict[int, tuple[int, int]] = {}
 
     def poll(self) -> None:
         try:
@@ -121,18 +121,14 @@ class WorkerPids:
         except psutil.NoSuchProcess:
             return
         for child in children:
-            if child.pid in self.seen:
+            if child.pid in self.workers:
                 continue
             try:
                 env = child.environ()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             if "LOCAL_RANK" in env:  # torchrun sets it before exec; a child too young to have it is read next tick
-                self.seen[child.pid] = (int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env["LOCAL_RANK"]))
-
-    @property
-    def workers(self) -> dict[int, tuple[int, int]]:
-        return {pid: who for pid, who in self.seen.items() if who is not None}
+                self.workers[child.pid] = (int(env.get("TORCHELASTIC_RESTART_COUNT", 0)), int(env["LOCAL_RANK"]))
 
 
 class Captured:
