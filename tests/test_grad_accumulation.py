@@ -7,7 +7,7 @@ import lessons
 from conftest import SCRIPTS
 
 
-@pytest.mark.parametrize("nproc", [4])  # 2 ranks (k = 4, every mode): the notebook's own launch
+@pytest.mark.parametrize("nproc", [3])  # the notebook launches 2 ranks (k = 4); 3: odd, and cheaper than 4
 def test_accumulation_matches_one_big_batch_with_one_all_reduce_per_step(nproc, launch_env):
     result = lessons.torchrun(SCRIPTS / "grad_accumulation.py", nproc=nproc, env=launch_env, show=False,
                               args=["--accum-steps", "1,2,4", "--steps", 2,
