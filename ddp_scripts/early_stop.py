@@ -35,7 +35,7 @@ def digits():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--decide", choices=["rank0", "all"], required=True)
+    parser.add_argument("--decide", choices=["rank0", "all"], nargs="+", required=True)
     parser.add_argument("--patience", type=int, default=3, help="evaluations without improvement before stopping")
     parser.add_argument("--eval-every", type=int, default=5, help="steps between evaluations")
     parser.add_argument("--max-steps", type=int, default=500)
@@ -43,8 +43,14 @@ def main():
 
     backend, device = backend_and_device()
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    setup_logging(dist.get_rank())
+    for decide in args.decide:
+        train(decide, args, device)
+    dist.destroy_process_group()
+
+
+def train(decide, args, device):
     rank, world = dist.get_rank(), dist.get_world_size()
-    setup_logging(rank)
     x, y = digits()
     x_train, y_train, x_val, y_val = x[:1536], y[:1536], x[1536:].to(device), y[1536:].to(device)
     torch.manual_seed(0)
@@ -53,7 +59,7 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     per_rank = 32
     best, evals_without_improvement = float("inf"), 0
-    log.warning("started training")  # a warning: every rank logs it
+    log.warning("started training (--decide %s)", decide)  # a warning: every rank logs it
     for step in range(1, args.max_steps + 1):
         batch = torch.randperm(len(x_train), generator=torch.Generator().manual_seed(step))[:per_rank * world]
         mine = batch[rank * per_rank:(rank + 1) * per_rank]  # this rank's share of the step's global batch
@@ -73,7 +79,7 @@ def main():
             wants_to_stop = evals_without_improvement >= args.patience
             log.info("step %d: validation loss %.4f, %d evaluation(s) without improvement",
                      step, val_loss, evals_without_improvement)
-        if args.decide == "rank0":
+        if decide == "rank0":
             if wants_to_stop:  # the bug: only rank 0 knows, only rank 0 leaves
                 log.info("stopping at step %d", step)
                 break
@@ -88,9 +94,8 @@ def main():
     dist.all_gather_object(stopped, step)  # where each rank left the loop
     if rank == 0:
         log.info("every rank stopped at step %s", stopped)
-        print("RESULT " + json.dumps({"decide": args.decide, "stopped_at_step": stopped,
-                                      "stopped_together": len(set(stopped)) == 1, "best_val_loss": best}))
-    dist.destroy_process_group()
+        print("RESULT " + json.dumps({"decide": decide, "stopped_at_step": stopped,
+                                      "stopped_together": len(set(stopped)) == 1, "best_val_loss": best}), flush=True)
 
 
 if __name__ == "__main__":

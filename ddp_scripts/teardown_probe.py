@@ -1,11 +1,12 @@
 """Is the process group really gone (gloo's worker threads joined) before Python exits?
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/teardown_probe.py [--without-fix]
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/teardown_probe.py [--without-fix | --without-fix-on-rank R]
 
---without-fix skips `import ddp_common` (see that file): the group then outlives
-destroy_process_group(), and its threads run into the interpreter's shutdown. The probe
-looks from an atexit hook registered *before* ddp_common's: atexit runs hooks last-in,
-first-out, so it looks after ddp_common's own hook has run, as Python's shutdown would.
+--without-fix skips `import ddp_common` (see that file) on every rank, --without-fix-on-rank R on rank R only:
+the group then outlives destroy_process_group() in that process, and its threads run into the interpreter's
+shutdown. Threads belong to a process, so each rank counts its own and prints its own RESULT line. The probe
+looks from an atexit hook registered *before* ddp_common's: atexit runs hooks last-in, first-out, so it looks
+after ddp_common's own hook has run, as Python's shutdown would.
 """
 import atexit
 import json
@@ -13,6 +14,10 @@ import os
 import sys
 
 import torch
+
+RANK = os.environ["RANK"]
+WITHOUT_FIX = "--without-fix" in sys.argv or (
+    "--without-fix-on-rank" in sys.argv and sys.argv[sys.argv.index("--without-fix-on-rank") + 1] == RANK)
 
 
 def gloo_threads_alive() -> int | None:
@@ -24,17 +29,17 @@ def gloo_threads_alive() -> int | None:
 
 
 def report():
-    if os.environ["RANK"] == "0":
-        alive = gloo_threads_alive()
-        if alive is None:
-            print("no /proc on this system (Linux only): cannot count gloo threads; probe skipped")
-        else:
-            print(f"gloo threads still alive at exit: {alive}")
-        print("RESULT " + json.dumps({"fix": "--without-fix" not in sys.argv, "gloo_threads_alive": alive}), flush=True)
+    alive = gloo_threads_alive()
+    if alive is None:
+        print("no /proc on this system (Linux only): cannot count gloo threads; probe skipped")
+    else:
+        print(f"rank {RANK}, {'without' if WITHOUT_FIX else 'with'} the fix: gloo threads still alive at exit: {alive}")
+    # Every rank, not only rank 0: each reports its own process.
+    print("RESULT " + json.dumps({"fix": not WITHOUT_FIX, "gloo_threads_alive": alive}), flush=True)
 
 
 atexit.register(report)  # first registered, last to run
-if "--without-fix" not in sys.argv:
+if not WITHOUT_FIX:
     import ddp_common  # noqa: F401  before init_process_group, as in every lesson script; registers gc.collect at exit
 import torch.distributed as dist  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
