@@ -1,4 +1,4 @@
-"""Lesson scripts under torchrun at sizes the notebooks don't launch (the notebooks run 2 and 4 ranks)."""
+"""Lesson scripts under torchrun at sizes the notebooks don't launch (the notebooks run 2 and 3 ranks)."""
 import lessons
 from conftest import SCRIPTS
 
