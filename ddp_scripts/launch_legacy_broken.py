@@ -5,9 +5,8 @@
 import argparse
 import os
 
-from tiny_train import train
-
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", type=int)  # torch >= 2.0 passes --local-rank=N: "unrecognized arguments"
 args = parser.parse_args()
+from tiny_train import train  # after parsing: a bad flag fails fast
 train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "torch.distributed.launch", args.local_rank)

@@ -53,7 +53,7 @@ def train(spare_head, ddp_kwargs, steps, device) -> tuple[float, bool]:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=20)
     args = parser.parse_args()
     backend, device = backend_and_device()
     dist.init_process_group(backend)

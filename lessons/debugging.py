@@ -47,10 +47,11 @@ def first_difference(records: dict[int, list]) -> int:
     return same
 
 
-def fingerprints(error: LaunchError) -> list[tuple[str, str, str]]:
-    """What each rank was running, from TORCH_DISTRIBUTED_DEBUG=DETAIL's message: (rank, op, shape)."""
+def fingerprints(error: LaunchError, case: str | None = None) -> list[tuple[str, str, str]]:
+    """What each rank was running, from TORCH_DISTRIBUTED_DEBUG=DETAIL's message: (rank, op, shape).
+    With `case`, from the message a script printed as "rank N: CASE: RuntimeError: ..." (several cases in one run)."""
     message = next(line for text in error.result.outputs.values() for line in text.splitlines()
-                   if "Detected mismatch" in line)
+                   if "Detected mismatch" in line and (case is None or f": {case}: " in line))
     return re.findall(r"(Rank \d) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
                       r"OpType=(\w+), TensorShape=(\[[\d, ]*\])", message)
 
