@@ -48,7 +48,7 @@ def step_ms(model, finish_gradients, device, steps, warmup=2, batch=32):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--bucket-mb", type=float, nargs="+", default=[0.25, 1, 5, 25, 100])
+    parser.add_argument("--bucket-mb", type=float, nargs="+", default=[0.25, 25, 100])
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
 

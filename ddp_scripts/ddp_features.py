@@ -1,6 +1,6 @@
 """What torch's DDP adds to the from-scratch versions, one demo each.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast|unused|bucket-view
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast unused bucket-view
 """
 import argparse
 import json
@@ -67,7 +67,7 @@ def demo_bucket_view(device):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--demo", choices=["broadcast", "unused", "bucket-view"], required=True)
+    parser.add_argument("--demo", choices=["broadcast", "unused", "bucket-view"], nargs="+", required=True)
     parser.add_argument("--find-unused", action="store_true")
     args = parser.parse_args()
 
@@ -75,11 +75,13 @@ def main():
     dist.init_process_group(backend)
     demos = {"broadcast": demo_broadcast, "bucket-view": demo_bucket_view,
              "unused": lambda device: demo_unused(device, args.find_unused)}
-    mine = demos[args.demo](device)
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
+    results = []
+    for demo in args.demo:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, demos[demo](device))
+        results.append({"demo": demo, "world_size": dist.get_world_size(), "ranks": everyone})
     if dist.get_rank() == 0:
-        print("RESULT " + json.dumps({"demo": args.demo, "world_size": dist.get_world_size(), "ranks": everyone}))
+        print("RESULT " + json.dumps(results[0] if len(results) == 1 else {"demos": results}))
     dist.destroy_process_group()
 
 
