@@ -46,7 +46,7 @@ def test_alpha_beta_fit_recovers_a_known_model():
     assert 1 / beta == pytest.approx(2e9, rel=1e-6)
 
 
-@pytest.mark.parametrize("nproc", [1, 5])  # notebook 02b launches 4 and 8 (ring_minimal.py 3); the next test 2
+@pytest.mark.parametrize("nproc", [1, 3])  # notebook 02b launches 4 and 8 (ring_minimal.py 3); the next test 2
 def test_ring_matches_dist_all_reduce(nproc, launch_env):
     numels = [0, 1, 3, 7, 1000, 1001]  # empty, fewer elements than ranks, not divisible by N
     run = lessons.torchrun(SCRIPTS / "ring_allreduce.py", nproc=nproc, env=launch_env, show=False,

@@ -8,7 +8,7 @@ from conftest import SCRIPTS
 from lessons.stacks import where
 
 
-@pytest.mark.parametrize("nproc", [3, 4])
+@pytest.mark.parametrize("nproc", [3])  # the notebook runs 2; 3 is odd, its norms unequal across ranks
 def test_clip_after_the_sync_matches_one_process_and_clip_before_it_does_not(nproc, launch_env):
     result = lessons.torchrun(SCRIPTS / "clip_and_accumulate.py", nproc=nproc, env=launch_env, show=False,
                               args=["--accum-steps", 1, 3, "--clip", 0.1]).result
