@@ -9,3 +9,8 @@ import os
 CPU_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}
 for _name, _value in CPU_PINS.items():
     os.environ.setdefault(_name, _value)
+
+# Two pytest workers keep both cores busy, and an OpenMP thread that waits for its partner spins by default: a
+# 2-thread training loop in a kernel took 2.4 s and 3.1 CPU-s with the other core busy, 1.3 s and 1.2 CPU-s with
+# passive waiting (benchmarks/omp_wait_policy.py). Passive waiting changes no result, only who burns the CPU.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
