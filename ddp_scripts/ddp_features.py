@@ -1,6 +1,6 @@
 """What torch's DDP adds to the from-scratch versions, one demo each.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast unused bucket-view
+    torchrun --standalone --nproc-per-node=2 ddp_scripts/ddp_features.py --demo broadcast unused bucket-view --find-unused
 """
 import argparse
 import json
