@@ -81,7 +81,7 @@ def train(decide, args, device):
                      step, val_loss, evals_without_improvement)
         if decide == "rank0":
             if wants_to_stop:  # the bug: only rank 0 knows, only rank 0 leaves
-                log.info("stopping at step %d", step)
+                log.info("stopping at step %d (rank 0 alone)", step)
                 break
         else:
             stop = torch.tensor([float(wants_to_stop)], device=device)

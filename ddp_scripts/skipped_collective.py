@@ -11,6 +11,7 @@ plain module inside, which runs no collective.
 import argparse
 import datetime
 import json
+import os
 
 import torch
 import torch.distributed as dist
@@ -61,11 +62,25 @@ def main():
         print(f"rank {rank}: {type(error).__name__}: {str(error).splitlines()[0]}")
         if args.flight_recorder:
             print_flight_recorder(rank, backend)
+        wait_until_every_rank_has_reported(rank, dist.get_world_size())
         raise
     print(f"rank {rank}: passed the barrier")
     if rank == 0:
         print("RESULT " + json.dumps({"passed_barrier": True, "fix": args.fix}))
     dist.destroy_process_group()
+
+
+def wait_until_every_rank_has_reported(rank, world_size, seconds=30):
+    # torchrun looks at its ranks every --monitor-interval (0.1 s) and stops the others once one has failed: the
+    # rank that fails first would cut its peers off before they print their own error. So each failing rank marks
+    # itself on torchrun's store (at MASTER_ADDR:MASTER_PORT) and raises only when every rank has, or after `seconds`.
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=seconds))
+    store.set(f"skipped_collective/reported/{rank}", "yes")
+    try:
+        store.wait([f"skipped_collective/reported/{other}" for other in range(world_size)])
+    except dist.DistStoreError:
+        print(f"rank {rank}: not every rank reported within {seconds} s")
 
 
 def print_flight_recorder(rank, backend):

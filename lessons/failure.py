@@ -5,14 +5,10 @@ import re
 import signal
 from pathlib import Path
 
+from .rank_output import PEER_FAILURE as _PEER_FAILURE  # noqa: F401  (check.py reads it from here)
 from .rank_output import LaunchResult, describe_exit
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.M)  # torch's excepthook labels lines
-# The way a rank fails *because another rank died*: its peer closed the connection.
-_PEER_FAILURE = re.compile(
-    r"DistBackendError|Connection closed by peer|Connection reset by peer|Broken pipe"
-    r"|ECONNRESET|EPIPE|timed out|Timeout|NCCL error|Socket Timeout",
-)
 
 
 class LaunchError(RuntimeError):

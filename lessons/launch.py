@@ -48,7 +48,7 @@ def torchrun(
     max_restarts: int = 0,
     launcher: str = "torchrun",
     live: bool | None = None,
-    timeout_from: str | None = None,
+    timeout_from: str | dict[int, str] | None = None,
 ) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node=NPROC SCRIPT ARGS`` and collect each rank.
 
@@ -58,6 +58,8 @@ def torchrun(
     ``live``: show the ranks' lines while the launch runs; by default in Jupyter and in a terminal.
     ``timeout_from``: the timeout counts from the moment every rank has printed a line containing this text
     (until then the launch gets START_LIMIT_S seconds). For a hang on purpose: the time to start doesn't count.
+    ``{rank: text}`` gives each rank its own line: the clock then starts at the event that makes the hang (one
+    rank leaving a loop, say), however long the others took to get there.
     """
     script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts,
                                                     timeout_from)
@@ -116,10 +118,10 @@ def torchrun(
                 if not start_line:
                     what = f"{script.name} timed out after {timeout:g} s."
                 elif start_line.at is not None:
-                    what = f"{script.name} timed out {timeout:g} s after every rank printed {timeout_from!r}."
+                    what = f"{script.name} timed out {timeout:g} s after every rank printed {start_line.wanted()}."
                 else:
                     missing = start_line.missing()
-                    what = (f"{script.name} timed out: not every rank printed {timeout_from!r} within"
+                    what = (f"{script.name} timed out: not every rank printed {start_line.wanted()} within"
                             f" {START_LIMIT_S:g} s ({'rank' if len(missing) == 1 else 'ranks'}"
                             f" {', '.join(map(str, missing))} did not).")
                 raise LaunchError(
@@ -203,8 +205,12 @@ def _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restart
             raise TypeError(f"timeout must be seconds (a number) or None, not {type(timeout).__name__}")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
-    if timeout_from is not None and (not isinstance(timeout_from, str) or not timeout_from or timeout is None):
-        raise ValueError(f"timeout_from must be a non-empty line of text, with a timeout, got {timeout_from!r}")
+    if timeout_from is not None:
+        lines = timeout_from.values() if isinstance(timeout_from, dict) else [timeout_from]
+        if (timeout is None or not all(isinstance(line, str) and line for line in lines)
+                or isinstance(timeout_from, dict) and sorted(timeout_from) != list(range(nproc))):
+            raise ValueError("timeout_from must be a non-empty line of text, or {rank: line} for every rank, with a"
+                             f" timeout, got {timeout_from!r}")
     if isinstance(threads_per_rank, bool) or not isinstance(threads_per_rank, int) or threads_per_rank < 1:
         raise ValueError(f"threads_per_rank must be an int >= 1, got {threads_per_rank!r}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= MAX_RESTARTS:

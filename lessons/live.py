@@ -8,7 +8,8 @@ the launcher polls it a few times a second and hands the lines to:
   only the deterministic rank-by-rank output printed afterwards (nbval compares that; it ignores updates);
   elsewhere (a terminal, a plain ``python`` caller), as lines on stdout, as they come;
 * ``StartLine``, the clock of ``torchrun(timeout_from=...)``: it notes when every rank has printed a line
-  containing a given text, so a planted hang's timeout does not include the time the ranks took to start.
+  containing a given text (or each rank its own), so a planted hang's timeout does not include the time the ranks
+  took to start.
 """
 from __future__ import annotations
 
@@ -94,21 +95,34 @@ class LiveOutput:
 
 
 class StartLine:
-    """When has every rank of one attempt printed a line that contains ``text``? ``at`` is that moment
-    (time.monotonic()), or None while some rank has not."""
+    """When has every rank of one attempt printed its start line? ``text`` is the line every rank prints, or
+    ``{rank: text}``, one per rank, for a clock that starts at an event one rank alone reports. ``at`` is that
+    moment (time.monotonic()), or None while some rank has not."""
 
-    def __init__(self, text: str, nproc: int):
-        self.text, self.nproc = text, nproc
-        self.seen: dict[str, set[int]] = {}  # attempt -> ranks that printed it
+    def __init__(self, text: str | dict[int, str], nproc: int):
+        self.texts = dict(text) if isinstance(text, dict) else dict.fromkeys(range(nproc), text)
+        self.nproc = nproc
+        self.seen: dict[str, set[int]] = {}  # attempt -> ranks that printed theirs
         self.at: float | None = None
 
     def see(self, lines: list[tuple[str, int, str]]) -> None:
         for attempt, rank, line in lines:
-            if self.text in line:
+            if rank in self.texts and self.texts[rank] in line:
                 ranks = self.seen.setdefault(attempt, set())
                 ranks.add(rank)
                 if self.at is None and len(ranks) == self.nproc:
                     self.at = time.monotonic()
+
+    def wanted(self) -> str:
+        """The line in words: 'X', or "its start line (rank 0: 'A', ranks 1, 2: 'B')"."""
+        by_text: dict[str, list[int]] = {}
+        for rank, text in sorted(self.texts.items()):
+            by_text.setdefault(text, []).append(rank)
+        if len(by_text) == 1:
+            return repr(next(iter(by_text)))
+        return "its start line (" + ", ".join(
+            f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(map(str, ranks))}: {text!r}"
+            for text, ranks in by_text.items()) + ")"
 
     def missing(self) -> list[int]:
         """The ranks that have not printed it (in the attempt that got furthest)."""

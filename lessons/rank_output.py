@@ -9,6 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RESULT_PREFIX = "RESULT "
+# The way a rank fails *because another rank died*: its peer closed the connection.
+PEER_FAILURE = re.compile(
+    r"DistBackendError|Connection closed by peer|Connection reset by peer|Broken pipe"
+    r"|ECONNRESET|EPIPE|timed out|Timeout|NCCL error|Socket Timeout",
+)
 
 
 @dataclass
@@ -72,7 +77,7 @@ def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str
     stopped_by_agent = {int(pid) for pid in _STOPPED_BY_AGENT.findall(log)}
     for attempt, (code, rank, _) in zip(ordered[:-1], _ATTEMPT_FAILED.findall(log)):
         attempt.failure = describe_exit(int(rank), int(code))
-        if int(code) == -signal.SIGTERM and worker_pids:
+        if worker_pids and (int(code) == -signal.SIGTERM or _lost_its_peer(attempt, int(rank))):
             attempt.failure = _first_to_end(attempt, int(rank), worker_pids, stopped_by_agent) or attempt.failure
     last = ordered[-1] if ordered else Attempt(0)
     launch = LaunchResult(returncode=returncode, stdout=last.stdout, stderr=last.stderr, command=command,
@@ -81,10 +86,22 @@ def collect(log_dir: str, launcher_log: Path, returncode: int, command: list[str
     return launch
 
 
+def _lost_its_peer(attempt: Attempt, rank: int) -> bool:
+    """Did this rank fail only because a peer had gone (a closed connection)? torchrun names it when it exited on
+    its own before the agent looked, with its error file's timestamp in the same whole second as the killed rank."""
+    message = attempt.errors.get(rank, {}).get("message", {})
+    text = message.get("message", "") if isinstance(message, dict) else ""
+    if not text:
+        lines = [line for line in attempt.stderr.get(rank, "").splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    return bool(PEER_FAILURE.search(text))
+
+
 def _first_to_end(attempt: Attempt, named: int, worker_pids: dict, stopped_by_agent: set[int]) -> str | None:
-    """torchrun named a rank it had stopped itself (its error file's timestamp won a tie of whole seconds; see
-    processes.WorkerPids). The rank that ended first is one the agent did not have to stop, that wrote no error file
-    and printed no traceback: nothing a Python process can catch or report ended it, which is SIGKILL's mark."""
+    """torchrun named a rank it had stopped itself, or one that only lost its peer (its error file's timestamp won
+    a tie of whole seconds; see processes.WorkerPids). The rank that ended first is one the agent did not have to
+    stop, that wrote no error file and printed no traceback: nothing a Python process can catch or report ended it,
+    which is SIGKILL's mark."""
     ended_alone = sorted(rank for pid, (number, rank) in worker_pids.items()
                          if number == attempt.number and rank != named and pid not in stopped_by_agent
                          and rank not in attempt.errors)

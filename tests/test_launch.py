@@ -76,6 +76,18 @@ def test_the_start_line_is_seen_per_attempt():
     assert start.at is not None and start.missing() == []
 
 
+def test_a_start_line_per_rank_starts_the_clock_at_the_event_one_rank_reports():
+    """{rank: text}: rank 0 leaving a loop, the others at their start; a line meant for another rank counts not."""
+    from lessons.live import StartLine
+    start = StartLine({0: "stopping alone", 1: "started", 2: "started"}, nproc=3)
+    start.see([("attempt_0", 0, "started"), ("attempt_0", 1, "started"), ("attempt_0", 2, "stopping alone")])
+    assert start.at is None and start.missing() == [0, 2]
+    start.see([("attempt_0", 0, "step 120: stopping alone"), ("attempt_0", 2, "started")])
+    assert start.at is not None
+    assert start.wanted() == "its start line (rank 0: 'stopping alone', ranks 1, 2: 'started')"
+    assert StartLine("ready", nproc=2).wanted() == "'ready'"
+
+
 def test_interrupt_stops_every_process_and_propagates(launch_env):
     """The kernel's stop button: SIGINT to the process that called lessons.torchrun (a separate Python here, as a
     kernel is). The KeyboardInterrupt must stop torchrun and its workers and reach the caller.
@@ -119,7 +131,8 @@ def test_interrupt_stops_every_process_and_propagates(launch_env):
     ({"timeout": -1}, ValueError, "timeout must be positive"),
     ({"timeout": "10"}, TypeError, "timeout must be seconds"),
     ({"threads_per_rank": 0}, ValueError, "threads_per_rank must be an int >= 1"),
-    ({"timeout_from": ""}, ValueError, "timeout_from must be a non-empty line of text, with a timeout"),
+    ({"timeout_from": ""}, ValueError, "timeout_from must be a non-empty line of text, or {rank: line} for every"),
+    ({"timeout_from": {0: "ready"}}, ValueError, "timeout_from must be a non-empty line of text, or {rank: line}"),
     ({"timeout_from": "ready", "timeout": None}, ValueError, "timeout_from must be a non-empty line of text"),
 ])
 def test_bad_input_is_refused_in_one_line(kwargs, error, text):

@@ -5,8 +5,8 @@ path, calls the learner's functions on cases the learner did not try, *measures*
 they print), and reports in one of two ways:
 
 * every case passed: rank 0 prints ``RESULT {"passed": true, "summary": ...}`` and every rank exits 0;
-* a case failed: that rank prints ``EXERCISE FAIL {"hint": ..., "detail": ...}`` and exits at once (code 3);
-  torchrun then stops the other ranks, and lessons.check turns the line into ``FAIL NAME: hint``.
+* a case failed: that rank prints ``EXERCISE FAIL {"hint": ..., "detail": ...}`` and exits (code 3); torchrun
+  then stops the other ranks, and lessons.check turns the lowest rank's line into ``FAIL NAME: hint``.
 
 World sizes: launching torchrun once per world size costs an import of torch per rank each time. So the launch
 starts the largest world, and ``worlds(2, 3, 5)`` forms a real default process group of 2, then 3, then 5 ranks
@@ -31,6 +31,7 @@ FAIL_PREFIX = "EXERCISE FAIL "
 CASE_PREFIX = "EXERCISE CASE "  # what is being checked now: lessons.check names it when a launch hangs
 RANK = int(os.environ.get("RANK", 0))
 GROUP_TIMEOUT = datetime.timedelta(seconds=120)  # the launch's own timeout (lessons.check) comes first
+RANK0_WAIT_S = 5  # fail(): how long another rank waits for rank 0's report (it comes within milliseconds if at all)
 
 _store = None
 
@@ -40,9 +41,21 @@ class ExerciseFailure(Exception):
 
 
 def fail(hint: str, detail: str = "") -> None:
-    """Report this rank's failure and exit at once: no teardown that could hang on a rank that is gone."""
+    """Report this rank's failure and exit at once: no teardown that could hang on a rank that is gone.
+
+    lessons.check shows the lowest failing rank's hint. When every rank finds the same mistake, whichever exits first
+    gets the others stopped by torchrun (0.1 s later), perhaps before rank 0 has printed: so a rank other than 0
+    waits, on the launch's store, until rank 0 has reported too (or for RANK0_WAIT_S, when rank 0 has not failed)."""
     print(FAIL_PREFIX + json.dumps({"rank": RANK, "hint": hint, "detail": detail}), flush=True)
     sys.stderr.flush()
+    if _store is not None:
+        if RANK == 0:
+            _store.set("exercise_failed/0", "yes")
+        else:
+            try:
+                _store.wait(["exercise_failed/0"], datetime.timedelta(seconds=RANK0_WAIT_S))
+            except dist.DistStoreError:  # rank 0 did not fail (it may wait for this rank in a collective)
+                pass
     os._exit(3)
 
 
