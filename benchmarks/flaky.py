@@ -69,9 +69,9 @@ ITEMS: dict[str, tuple[str, str]] = {
         during = []
         def interrupt_when_started():
             deadline = time.monotonic() + 60
-            while len(running(SCRIPT)) < 3 and time.monotonic() < deadline:
+            roles = ["rank 0", "rank 1", "torchrun agent"]
+            while [role for pid, role in running(SCRIPT)] != roles and time.monotonic() < deadline:
                 time.sleep(0.2)
-            time.sleep(1)
             during.extend(running(SCRIPT))
             signal.raise_signal(signal.SIGINT)
         threading.Thread(target=interrupt_when_started).start()

@@ -66,27 +66,29 @@ class LiveOutput:
     def __init__(self, jupyter: bool | None = None):
         self.jupyter = in_jupyter() if jupyter is None else jupyter
         self.lines: list[str] = []
-        self.last_update = 0.0
+        self.last_update, self.pending = 0.0, False
         self.handle = None
         if self.jupyter:
             from IPython.display import display
             self.handle = display({"text/plain": ""}, raw=True, display_id=True)
 
     def show(self, lines: list[tuple[str, int, str]]) -> None:
+        """Called on every tick of the launch, with the lines that are new (perhaps none)."""
         new = [f"[rank{rank}] {line}" for _, rank, line in lines]
-        if not new:
-            return
         if self.jupyter:
             self.lines = (self.lines + new)[-SHOW_LAST_LINES:]
-            if time.monotonic() - self.last_update > UPDATE_EVERY_S:
+            self.pending = self.pending or bool(new)
+            # At most every UPDATE_EVERY_S; lines held back meanwhile go out at the next tick after it, even when
+            # nothing new comes (a rank's first line 0.1 s after another's would otherwise wait for the next line).
+            if self.pending and time.monotonic() - self.last_update > UPDATE_EVERY_S:
                 self._show()
-        else:
+        elif new:
             sys.stdout.write("".join(line + "\n" for line in new))
             sys.stdout.flush()
 
     def _show(self) -> None:
         self.handle.update({"text/plain": "running...\n" + "\n".join(self.lines)}, raw=True)
-        self.last_update = time.monotonic()
+        self.last_update, self.pending = time.monotonic(), False
 
     def close(self) -> None:
         """The launch ended: the live view goes; the rank-by-rank output printed next takes its place."""

@@ -7,6 +7,7 @@ ones. torch.save and torch.load are watched: who wrote (rank 0 only; its write i
 reads without waiting for it fails), and torch.load's arguments (a map_location; weights_only not turned off).
 """
 import hashlib
+import time
 from pathlib import Path
 
 import torch
@@ -17,15 +18,23 @@ import common
 from common import all_ranks, call, case, fail, load_learner, passed, start, worlds
 
 EPOCHS, STEPS, STOP_AT = 2, 4, (1, 2)
+READY_WAIT_S = 30  # rank 0's save waits at most this for the other ranks to be past their own save_checkpoint
+SAVING = [""]  # the save under way ("2 ranks"...), while the learner's save_checkpoint and load_checkpoint run
 saves, loads = [], []
 real_save, real_load = torch.save, torch.load
 
 
 def watched_save(obj, f, *args, **kwargs):
     saves.append(str(f))
-    if dist.is_initialized() and dist.get_rank() == 0:
-        import time
-        time.sleep(0.3)  # a slow disk: a rank that loads without waiting for this write finds no file
+    if dist.is_initialized() and dist.get_rank() == 0 and SAVING[0]:
+        # The slowest disk: rank 0 writes only once every other rank has tried to read, or waits in a collective
+        # (a barrier) now. A rank that loads without waiting for this write then always finds no file.
+        deadline = time.monotonic() + READY_WAIT_S
+        waiting = set(range(1, dist.get_world_size()))
+        while waiting and time.monotonic() < deadline:  # else a rank does neither (polls for the file?): write
+            waiting = {rank for rank in waiting if not any(common._store.check([f"{SAVING[0]}/{event}/{rank}"])
+                                                           for event in ("tried_to_load", "in_collective"))}
+            time.sleep(0.02)
     return real_save(obj, f, *args, **kwargs)
 
 
@@ -33,13 +42,38 @@ def watched_load(f, *args, **kwargs):
     loads.append({"map_location": kwargs.get("map_location", args[0] if args else None),
                   "weights_only": kwargs.get("weights_only")})
     try:
-        return real_load(f, *args, **kwargs)
+        checkpoint = real_load(f, *args, **kwargs)
     except FileNotFoundError:
+        tried_to_load()
         fail(f"rank {dist.get_rank()} read the checkpoint before rank 0 had written it: after rank 0 saves, "
              "every rank must wait for it (dist.barrier()) before loading")
+    tried_to_load()
+    return checkpoint
+
+
+def tried_to_load():
+    if SAVING[0] and dist.is_initialized():
+        common._store.set(f"{SAVING[0]}/tried_to_load/{dist.get_rank()}", "yes")
+
+
+def watched_collective(collective):
+    """While the learner's functions run, a rank inside a collective says so on the store (for watched_save)."""
+    def marked(*args, **kwargs):
+        key = f"{SAVING[0]}/in_collective/{dist.get_rank()}" if SAVING[0] and dist.is_initialized() else None
+        if key:
+            common._store.set(key, "yes")
+        try:
+            return collective(*args, **kwargs)
+        finally:
+            if key:
+                common._store.delete_key(key)
+    return marked
 
 
 torch.save, torch.load = watched_save, watched_load  # before the learner's file is imported
+for name in ("barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object",
+             "broadcast_object_list", "gather", "scatter", "reduce"):
+    setattr(dist, name, watched_collective(getattr(dist, name)))
 
 
 def make_model(seed):
@@ -57,6 +91,7 @@ def train(model, optimizer, begin=(0, 0), stop_at=None, learner=None, path=None)
     for epoch in range(begin[0], EPOCHS):
         for step in range(begin[1] if epoch == begin[0] else 0, STEPS):
             if (epoch, step) == stop_at:
+                SAVING[0] = f"resume/{dist.get_world_size()} ranks"  # until load_checkpoint has returned
                 call(learner.save_checkpoint, path, model, optimizer, epoch, step)
                 return
             generator = torch.Generator().manual_seed(1000 * epoch + 10 * step + dist.get_rank())
@@ -98,6 +133,7 @@ def main():
         model, optimizer = resumed, resumed_optimizer
         loads.clear()
         resumed_at = call(learner.load_checkpoint, path, model, optimizer)  # right after the save: no barrier of ours
+        SAVING[0] = ""
         writers = [r for r, s in enumerate(all_ranks([f for f in saves if Path(f).name == Path(path).name])) if s]
         if writers != [0]:
             if not writers:
