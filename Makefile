@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser slurm lab test cost stress clean
+.PHONY: setup browser slurm lab test cost stress gpu-check clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,11 @@ cost: setup
 # Not a test: launches a DDP script 200 times and reports the failures (takes ~20 min).
 stress: setup
 	$(PY) benchmarks/stress_teardown.py --runs 200
+
+# Not part of make test: on a machine with a GPU, runs every notebook that has a GPU-only cell and writes what
+# each such cell printed to notebooks/gpu_report.md (lessons/gpu_check.py). Without CUDA it says so and exits 0.
+gpu-check: setup
+	$(PY) -m lessons.gpu_check
 
 clean:
 	rm -rf $(VENV)

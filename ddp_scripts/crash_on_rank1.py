@@ -18,6 +18,7 @@ def main():
     dist.init_process_group(backend)
     rank = dist.get_rank()
     print(f"rank {rank} started")
+    dist.barrier()  # every rank has printed its first line before rank 1's bug
     if rank == 1:
         raise ValueError("rank 1 has a bug: this is the root cause")
     dist.all_reduce(torch.ones(1, device=device))  # rank 0 waits here for rank 1, which is gone

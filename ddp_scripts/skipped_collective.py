@@ -71,14 +71,13 @@ def main():
 
 
 def wait_until_every_rank_has_reported(rank, world_size, seconds=30):
-    # torchrun looks at its ranks every --monitor-interval (0.1 s) and stops the others once one has failed: the
-    # rank that fails first would cut its peers off before they print their own error. So each failing rank marks
-    # itself on torchrun's store (at MASTER_ADDR:MASTER_PORT) and raises only when every rank has, or after `seconds`.
+    # torchrun stops the other ranks as soon as one fails (section 5): so each rank marks itself on torchrun's
+    # store and raises once every rank has (or after `seconds`); none is cut off before it speaks.
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                           timeout=datetime.timedelta(seconds=seconds))
-    store.set(f"skipped_collective/reported/{rank}", "yes")
+    store.set(f"reported/{rank}", "yes")
     try:
-        store.wait([f"skipped_collective/reported/{other}" for other in range(world_size)])
+        store.wait([f"reported/{other}" for other in range(world_size)])
     except dist.DistStoreError:
         print(f"rank {rank}: not every rank reported within {seconds} s")
 

@@ -36,6 +36,21 @@ def report():
         print(f"rank {RANK}, {'without' if WITHOUT_FIX else 'with'} the fix: gloo threads still alive at exit: {alive}")
     # Every rank, not only rank 0: each reports its own process.
     print("RESULT " + json.dumps({"fix": not WITHOUT_FIX, "gloo_threads_alive": alive}), flush=True)
+    leave_when_every_rank_has_reported()
+
+
+def leave_when_every_rank_has_reported(seconds=30):
+    """A rank without the fix may abort right after its report, and torchrun then stops the others at once, maybe
+    before they print theirs (lesson 11, section 5): each rank marks itself on torchrun's store and waits for all."""
+    import datetime
+    import torch.distributed as dist
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=seconds))
+    store.set(f"teardown_probe/reported/{RANK}", "yes")
+    try:
+        store.wait([f"teardown_probe/reported/{rank}" for rank in range(int(os.environ["WORLD_SIZE"]))])
+    except dist.DistStoreError:
+        print(f"rank {RANK}: not every rank reported within {seconds} s")
 
 
 atexit.register(report)  # first registered, last to run

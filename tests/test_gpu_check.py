@@ -1,0 +1,148 @@
+"""make gpu-check (lessons/gpu_check.py) without a GPU: which cells it picks, what its report says, and its one line
+on a machine without CUDA. Nothing here starts a kernel or a launch; the GPU run itself needs a GPU."""
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from conftest import ROOT
+from lessons import gpu_check
+from lessons.gpu_check import CellResult, GpuCell, gpu_cells, gpu_cells_of, report_markdown, status_of
+
+# (notebook, cell index, GPUs needed): a new GPU cell must be added here on purpose, and so to the GPU run.
+GPU_CELLS = [
+    ("01_dataparallel.ipynb", 6, 2),
+    ("02b_ring_allreduce_from_scratch.ipynb", 21, 2),
+    ("06_data_loading.ipynb", 16, 1),
+    ("07_checkpoints.ipynb", 16, 1),
+    ("08b_syncbatchnorm_in_a_model.ipynb", 9, 2),
+    ("09_gradient_accumulation.ipynb", 12, 1),
+    ("11_debugging.ipynb", 21, 2),
+    ("12b_zero_dcp_and_activations.ipynb", 17, 1),
+    ("13_training_loop.ipynb", 9, 2),
+]
+
+
+def test_the_course_has_these_gpu_cells():
+    """The pinned list: lesson 00's and 99's GPU count (an f-string, a conditional expression) are not GPU cells."""
+    found = gpu_cells(ROOT / "notebooks")
+    assert [(cell.notebook, cell.index, cell.gpus_needed) for cell in found] == GPU_CELLS
+    by_place = {(cell.notebook, cell.index): cell.section for cell in found}
+    assert by_place[("07_checkpoints.ipynb", 16)] == "3. `map_location`: why every rank lands on GPU 0"
+
+
+def selected(*sources: str) -> list[tuple[int, int]]:
+    """(cell index, GPUs needed) of the cells picked in a notebook of one heading and these code cells."""
+    notebook = new_notebook(cells=[new_markdown_cell("# Title\n\n## 1. A section"), *map(new_code_cell, sources)])
+    return [(cell.index, cell.gpus_needed) for cell in gpu_cells_of(notebook, "made_up.ipynb")]
+
+
+def test_a_mention_of_cuda_is_not_a_gpu_cell():
+    """Only an `if` statement at the top of the cell counts: the same test in a comment, a string, a conditional
+    expression or an assignment runs on every machine. The controls (the last three) are picked."""
+    assert selected(
+        "# if torch.cuda.is_available(): run on the GPU",
+        'print("if torch.cuda.device_count() >= 2: nccl")',
+        'print("Lessons here run on:", "nccl" if torch.cuda.device_count() >= 2 else "gloo")',
+        'print(f"GPUs: {torch.cuda.device_count()}, CUDA available: {torch.cuda.is_available()}")',
+        "two = torch.cuda.device_count() >= 2",
+        "def f():\n    if torch.cuda.is_available():\n        pass",  # inside a function: not the cell's own branch
+        "%%writefile ../ddp_scripts/x.py\nif torch.cuda.is_available():\n    pass",  # a script, not this cell
+        'lessons.check("ex")\nif torch.cuda.is_available():\n    pass',  # an exercise check
+        "if torch.cuda.is_available():\n    pass",
+        "%load_ext lessons\n!nvidia-smi\nif torch.cuda.device_count() >= 2:  # two ranks\n    pass\nelse:\n    pass",
+        "import torch\n\nif torch.cuda.device_count() > 3:\n    pass",
+    ) == [(9, 1), (10, 2), (11, 4)]
+
+
+def test_each_cell_is_named_by_the_last_section_above_it():
+    notebook = new_notebook(cells=[
+        new_markdown_cell("# 05 · Title"), new_code_cell("if torch.cuda.is_available():\n    pass"),
+        new_markdown_cell("## 1. First\n\ntext\n\n### a subsection"), new_markdown_cell("Prose, no heading."),
+        new_code_cell("if torch.cuda.device_count() >= 2:\n    pass")])
+    assert [cell.section for cell in gpu_cells_of(notebook, "05.ipynb")] == ["(before the first section)", "1. First"]
+
+
+MACHINE = {"date": "2030-01-02 03:04", "device": "NVIDIA H100 80GB HBM3", "gpus": 1, "torch": "2.9.0+cu128",
+           "cuda": "12.8", "command": "python -m lessons.gpu_check"}
+
+
+def stream(text: str):
+    return new_output("stream", name="stdout", text=text)
+
+
+def test_status_says_ran_error_or_a_check_to_read():
+    """The verdict is a heuristic on the words a check prints; an error wins over any printed word."""
+    assert status_of([stream("host->device, pinned: 24.1 GB/s\n")]) == "ran: no check printed False or FAILS"
+    assert status_of([stream("no_sync lower: False\n")]) == "ran: a check printed False or FAILS (read the output)"
+    assert status_of([new_output("execute_result", data={"text/plain": "'FAILS'"}, execution_count=1)]) == \
+        "ran: a check printed False or FAILS (read the output)"
+    assert status_of([stream("True\n"), new_output("error", ename="OutOfMemoryError", evalue="CUDA out of memory",
+                                                   traceback=[])]) == "error: OutOfMemoryError: CUDA out of memory"
+
+
+def test_the_report_has_the_machine_a_table_and_each_cells_output():
+    """Written from plain data, so its format is checked here without a GPU; each status kind once."""
+    cells = [GpuCell("06_data_loading.ipynb", 16, "`pin_memory=True` and `non_blocking=True`", 1),
+             GpuCell("07_checkpoints.ipynb", 16, "3. `map_location`: why every rank | lands on GPU 0", 1),
+             GpuCell("09_gradient_accumulation.ipynb", 12, "Does `no_sync` lower memory?", 1),
+             GpuCell("13_training_loop.ipynb", 9, "2. Mixed precision", 2)]
+    results = [CellResult(cells[0], "ran: no check printed False or FAILS", "host->device, pinned: 24.1 GB/s\n"),
+               CellResult(cells[1], "ran: a check printed False or FAILS (read the output)", "a ```fence``` False\n"),
+               CellResult(cells[2], "error: OutOfMemoryError: CUDA out of memory", "OutOfMemoryError: CUDA out of\n"),
+               CellResult(cells[3], "not run: needs 2 GPUs, 1 here", None)]
+    report = report_markdown(MACHINE, results)
+    lines = report.splitlines()
+    assert lines[0] == "# GPU evidence: the course's GPU-only cells, run on a GPU"
+    for fact in ("- date (UTC): 2030-01-02 03:04", "- device: NVIDIA H100 80GB HBM3", "- GPUs: 1",
+                 "- torch: 2.9.0+cu128", "- CUDA: 12.8", "- command: `python -m lessons.gpu_check`"):
+        assert fact in lines
+    assert "The status is a heuristic" in report
+    table = lines[lines.index("| notebook | section | GPUs needed | status |") + 2:][:4]
+    assert table == [
+        "| 06_data_loading.ipynb, cell 16 | `pin_memory=True` and `non_blocking=True` | 1 | ran: no check printed "
+        "False or FAILS |",
+        "| 07_checkpoints.ipynb, cell 16 | 3. `map_location`: why every rank \\| lands on GPU 0 | 1 | ran: a check "
+        "printed False or FAILS (read the output) |",
+        "| 09_gradient_accumulation.ipynb, cell 12 | Does `no_sync` lower memory? | 1 | error: OutOfMemoryError: CUDA "
+        "out of memory |",
+        "| 13_training_loop.ipynb, cell 9 | 2. Mixed precision | 2 | not run: needs 2 GPUs, 1 here |"]
+    assert ("## 06_data_loading.ipynb, cell 16: `pin_memory=True` and `non_blocking=True`\n\n"
+            "Status: ran: no check printed False or FAILS\n\n```text\nhost->device, pinned: 24.1 GB/s\n```\n") in report
+    assert "\n````text\na ```fence``` False\n````\n" in report  # a longer fence than the output's own
+    assert report.endswith("## 13_training_loop.ipynb, cell 9: 2. Mixed precision\n\n"
+                           "Status: not run: needs 2 GPUs, 1 here\n")  # no output block for a cell that did not run
+
+
+def test_a_notebook_whose_cells_all_need_more_gpus_is_not_executed(monkeypatch):
+    monkeypatch.setattr(gpu_check, "execute_copy", lambda *args: pytest.fail("executed a notebook it cannot use"))
+    cells = [GpuCell("13_training_loop.ipynb", 9, "2. Mixed precision", 2)]
+    assert gpu_check.results_of_notebook(ROOT / "notebooks" / "13_training_loop.ipynb", cells, 1, ROOT) == \
+        [CellResult(cells[0], "not run: needs 2 GPUs, 1 here", None)]
+
+
+def test_outputs_are_read_from_the_executed_copy(monkeypatch, capsys):
+    """Which outputs count: the executed copy's (the committed ones are CPU runs), and a cell the run never
+    finished (a dead kernel, a cell past the timeout) is an error that keeps what it printed."""
+    notebook = new_notebook(cells=[new_markdown_cell("## GPUs"), new_code_cell(execution_count=1, outputs=[
+        stream("cuda:0 allocated: +1,024 bytes\n")]), new_code_cell(outputs=[stream("started\n")]), new_code_cell()])
+    monkeypatch.setattr(gpu_check, "execute_copy", lambda *args: (notebook, "DeadKernelError: Kernel died"))
+    cells = [GpuCell("x.ipynb", 1, "GPUs", 1), GpuCell("x.ipynb", 2, "GPUs", 1), GpuCell("x.ipynb", 3, "GPUs", 1)]
+    assert gpu_check.results_of_notebook(ROOT / "x.ipynb", cells, 1, ROOT) == [
+        CellResult(cells[0], "ran: no check printed False or FAILS", "cuda:0 allocated: +1,024 bytes\n"),
+        CellResult(cells[1], "error: the notebook stopped before this cell finished (DeadKernelError: Kernel died)",
+                   "started\n"),
+        CellResult(cells[2], "error: the notebook stopped before this cell finished (DeadKernelError: Kernel died)",
+                   None)]
+    assert capsys.readouterr().out == "gpu-check: running x.ipynb ...\n"
+
+
+def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(monkeypatch, capsys, tmp_path):
+    """make gpu-check on a laptop: one line, exit 0, no report. CUDA is switched off here so that the test is the
+    same on a machine with a GPU (where main() would run every GPU notebook)."""
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    report = tmp_path / "gpu_report.md"
+    assert gpu_check.main(["--report", str(report)]) == 0
+    printed = capsys.readouterr()
+    assert printed.err == "" and printed.out.count("\n") == 1
+    assert printed.out.startswith("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to run;")
+    assert f"runs the course's {len(GPU_CELLS)} GPU cells and writes {report}" in printed.out
+    assert not report.exists() and list(tmp_path.iterdir()) == []
