@@ -157,8 +157,10 @@ def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, cours
     """Lesson 11's live output, as a learner sees it: each rank's first line appears while the cell still runs
     (prompt [*]); when the launch ends, the cell holds the usual rank-by-rank output, each line once."""
     url, token = course_lab
-    shutil.copy(FIXTURES / "print_then_wait.py", course_copy / "print_then_wait.py")  # a line, then 4 s of work
-    cell = nbformat.v4.new_code_cell('import lessons\nrun = lessons.torchrun("../print_then_wait.py", nproc=2, timeout=60)')
+    shutil.copy(FIXTURES / "print_then_wait.py", course_copy / "print_then_wait.py")  # a line, then works until:
+    seen_both = course_copy / "seen_both_lines"  # this file exists
+    cell = nbformat.v4.new_code_cell('import lessons\nrun = lessons.torchrun("../print_then_wait.py", nproc=2, '
+                                     f'timeout=60, args=[{str(seen_both)!r}])')
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=kernel), course_copy / "notebooks" / "live_output.ipynb")
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
@@ -175,6 +177,7 @@ def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, cours
                 seen = prompt
                 break
             time.sleep(0.2)
+        seen_both.touch()  # the ranks may end now
         assert seen is not None, "the ranks' lines never appeared"
         assert "*" in seen, f"the lines appeared only when the launch had ended (prompt {seen})"
         page.wait_for_function(f"({cell_state})()[0].includes('[1]')", timeout=60_000, polling=500)

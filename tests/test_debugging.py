@@ -11,10 +11,12 @@ import lessons.stacks
 from conftest import FIXTURES, SCRIPTS
 
 
-def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch_env):
+def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch_env, tmp_path):
+    seen_both = tmp_path / "seen"  # the ranks work until this file exists
     caller = subprocess.Popen([sys.executable, "-c", (
         "import lessons\n"
-        f"lessons.torchrun({str(FIXTURES / 'print_then_wait.py')!r}, nproc=2, timeout=60, env={launch_env!r}, live=True)\n"
+        f"lessons.torchrun({str(FIXTURES / 'print_then_wait.py')!r}, nproc=2, timeout=60, env={launch_env!r}, live=True,"
+        f" args=[{str(seen_both)!r}])\n"
     )], stdout=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
@@ -23,7 +25,8 @@ def test_live_output_reaches_a_plain_python_caller_before_the_launch_ends(launch
             line = caller.stdout.readline()
             if "tick from rank" in line:
                 seen.append(line.strip())
-        still_running = caller.poll() is None  # the ranks sleep 4 s after their first line
+        still_running = caller.poll() is None  # the ranks wait for the file below
+        seen_both.touch()
         rest, _ = caller.communicate(timeout=60)
     finally:
         caller.kill()
