@@ -18,6 +18,7 @@ from unittest import mock
 import psutil
 
 STOP_GRACE_S = 5.0  # how long torchrun gets to stop its workers before we SIGKILL them
+AGENT_EXIT_S = 30.0  # after the timeout: how long torchrun gets to exit once every rank has ended
 
 _libc = ctypes.CDLL(None, use_errno=True)  # loaded here, not in the forked child
 _PR_SET_PDEATHSIG = 1
@@ -39,7 +40,7 @@ def start(command: list[str], env: dict, log_file, stderr=subprocess.STDOUT, cwd
 
 def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None, clock_start=None,
          start_limit: float | None = None) -> int | None:
-    """Return torchrun's exit code, or None on timeout. Short waits keep Ctrl-C responsive;
+    """Return torchrun's exit code, or None on timeout (while a rank still runs). Short waits keep Ctrl-C responsive;
     ``on_tick()`` runs between them (the live output). With ``clock_start`` (a function that gives the
     time.monotonic() at which the timeout starts counting, or None until then), the timeout counts from that
     moment, and until it comes the launch gets ``start_limit`` seconds."""
@@ -58,7 +59,27 @@ def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None, clock_star
                 if start_limit is not None and time.monotonic() > began + start_limit:
                     return None
             elif timeout is not None and time.monotonic() > started + timeout:
-                return None
+                # Counted from the ranks' start line, the timeout is the ranks': once every rank has ended, torchrun
+                # is only finishing (its exit barrier, then Python's exit: seconds on a loaded machine), and gets
+                # AGENT_EXIT_S more before the launch is called hung.
+                finishing = clock_start is not None and not workers_alive(proc.pid)
+                if not finishing or time.monotonic() > started + timeout + AGENT_EXIT_S:
+                    return None
+
+
+def workers_alive(launcher_pid: int) -> bool:
+    """Does the launcher still have a child that runs (not one that has ended and waits to be reaped)?"""
+    try:
+        children = psutil.Process(launcher_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return False
+    alive = False
+    for child in children:
+        try:
+            alive = alive or child.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 @contextlib.contextmanager
