@@ -66,6 +66,8 @@ def test_starter_fails(name, launch_env, capsys):
 MISTAKE_HINTS = [
     ("ring_allreduce", "ring_send_everything.py",
      "rank 0 sent 192 bytes for a tensor of 96 bytes with 3 ranks; a ring sends at most"),
+    ("ring_allreduce", "ring_functional_all_reduce.py",
+     "ring_all_reduce ran a collective with 2 ranks (gloo:all_reduce of [[1]]), though it called none of"),
     ("average_gradients", "average_gradients_no_division.py", "gradients are 3x too large"),
     ("average_gradients", "average_gradients_frozen_crash.py",
      "average_gradients() raised on rank 0 with 3 ranks: TypeError: Invalid function argument. Expected parameter"
@@ -74,6 +76,8 @@ MISTAKE_HINTS = [
     ("convert_to_ddp", "convert_to_ddp_no_set_epoch.py", "saw epoch 1 in epoch 0's order with 2 ranks"),
     ("unpadded_eval", "unpadded_eval_mean_of_accuracies.py", "an average of per-rank accuracies"),
     ("resume", "resume_no_barrier.py", "read the checkpoint before rank 0 had written it"),
+    ("resume", "resume_map_location_empty.py", "torch.load(map_location={}) with 2 ranks would put a tensor saved "
+     "from cuda:0 on cuda:0, not on this rank's device (cpu)"),
     ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),
     ("find_the_hang", "find_the_hang_early_stop_any_rank.py", "early_stop.py finished, but its RESULT is"),
 ]

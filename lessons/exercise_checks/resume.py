@@ -76,6 +76,22 @@ for name in ("barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gat
     setattr(dist, name, watched_collective(getattr(dist, name)))
 
 
+def lands_on(map_location, device) -> str:
+    """Where torch.load(map_location=...) puts a tensor that was saved from cuda:0, by torch.serialization's rules:
+    a device or a string is the place; a dict maps the saved location (one it lacks stays where it was saved); a
+    function gets each storage and its saved location, and None from it means the saved location."""
+    saved = "cuda:0"  # what a checkpoint written by rank 0 on a GPU holds: the place that must not be kept
+    if isinstance(map_location, dict):
+        return str(torch.device(map_location.get(saved, saved)))
+    if isinstance(map_location, (str, torch.device)):
+        return str(torch.device(map_location))
+    try:
+        moved = map_location(torch.UntypedStorage(1), saved)
+    except Exception as error:  # e.g. .cuda() on a machine without one: judged where it would run
+        return f"an error ({type(error).__name__}: {error})" if device.type != "cuda" else str(device)
+    return saved if moved is None else str(moved.device)
+
+
 def make_model(seed):
     torch.manual_seed(seed)
     # No biases: the gradients then become ready in the reverse order of the parameters, which is DDP's first
@@ -145,6 +161,13 @@ def main():
         if any(load["map_location"] is None for load in loads):
             fail(f"torch.load without map_location {where}: give it the rank's own device "
                  "(map_location=device); on GPUs every rank would load rank 0's tensors onto cuda:0")
+        device = next(model.parameters()).device
+        for load in loads:
+            landed = lands_on(load["map_location"], device)
+            if load["map_location"] is not None and landed != str(device):
+                fail(f"torch.load(map_location={load['map_location']!r}) {where} would put a tensor saved from cuda:0 "
+                     f"on {landed}, not on this rank's device ({device}): give it the rank's own device "
+                     "(map_location=device)")
         if any(load["weights_only"] is False for load in loads):
             fail(f"torch.load(weights_only=False) {where}: a checkpoint of tensors, numbers and dicts loads with "
                  "weights_only=True, which runs no code from the file")

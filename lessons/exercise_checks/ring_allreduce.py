@@ -2,16 +2,27 @@
 
 At 2, 3 and 5 ranks; lengths 1, N-1, N+1 and two odd ones; float32 and float64; against dist.all_reduce.
 Instruments: every collective of torch.distributed raises while the learner's function runs, and isend (which
-send() and batch_isend_irecv() go through) counts the bytes each rank sends.
+send() and batch_isend_irecv() go through) counts the bytes each rank sends. Names are not enough (the functional
+collectives, torch.distributed._functional_collectives and torch.ops._c10d_functional, reach the process group
+without them), so the Flight Recorder, which records every collective a process group runs (not send/recv), is
+read before and after each call: a new entry is a collective, whatever the name it was called by.
 """
 import functools
+import json
 import math
+import os
 
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from common import ExerciseFailure, all_ranks, call, case, fail, load_learner, passed, start, worlds
+
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "64")  # before the first process group: the Flight Recorder's length
+try:
+    from torch._C._distributed_c10d import _dump_fr_trace_json  # torch 2.6 and newer record gloo's collectives
+except ImportError:
+    _dump_fr_trace_json = None
 
 COLLECTIVES = ["all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
@@ -43,6 +54,20 @@ def counting(real):
     return isend
 
 
+def recorded_collectives() -> list[dict]:
+    """The Flight Recorder's entries (every process group of this process), oldest first; [] where torch has none."""
+    if _dump_fr_trace_json is None:
+        return []
+    return json.loads(_dump_fr_trace_json(includeCollectives=True)).get("entries", [])
+
+
+def collectives_since(entries_before: list[dict]) -> list[str]:
+    """The collectives recorded since `entries_before` was read, as 'gloo:all_reduce of [[7]]'."""
+    last = max((e["record_id"] for e in entries_before), default=-1)
+    return [f"{e['profiling_name']} of {e['input_sizes']}" for e in recorded_collectives()
+            if e["record_id"] > last and not e.get("is_p2p")]
+
+
 # Installed before the learner's file is imported, in both places a name can be taken from.
 for module in (dist, c10d):
     for name in COLLECTIVES:
@@ -65,10 +90,14 @@ def main():
                 tensor = torch.randn(length, generator=generator, dtype=torch.float64).to(dtype)
                 expected, original = tensor.clone(), tensor.clone()
                 original_all_reduce(expected)
-                bytes_sent, inside_learner = 0, True
+                bytes_sent, inside_learner, recorded = 0, True, recorded_collectives()
                 returned = call(learner.ring_all_reduce, tensor)
                 inside_learner = False
-                sent = bytes_sent
+                sent, ran = bytes_sent, collectives_since(recorded)
+                if ran:
+                    fail(f"ring_all_reduce ran a collective with {n} ranks ({ran[0]}), though it called none of "
+                         "torch.distributed's by name (a functional collective?): the ring must use only "
+                         "point-to-point operations (send/recv, isend/irecv, batch_isend_irecv)")
                 if returned is not None and returned is not tensor:
                     fail("ring_all_reduce must sum in place and return None; it returned a value: write the sum "
                          "into the tensor it was given")
