@@ -1,12 +1,10 @@
 """torch.compile with DDP: how many graphs Dynamo hands the compiler, against DDP's gradient buckets.
 
-    torchrun --standalone --nproc-per-node=2 ddp_scripts/compile_ddp.py
-    TORCH_LOGS=graph_breaks torchrun ...   # Dynamo names each graph break and where it happened
+    TORCH_LOGS=graph_breaks torchrun --standalone --nproc-per-node=2 ddp_scripts/compile_ddp.py
 
-Two ways to combine them, each with torch._dynamo.config.optimize_ddp on and off:
-  outer   torch.compile(DDP(model))     compile the wrapper
-  inner   DDP(torch.compile(model))     compile the model, wrap the compiled module
-The backend only counts the graphs Dynamo hands it and runs them uncompiled (no inductor, no C compiler).
+outer: torch.compile(DDP(model)); inner: DDP(torch.compile(model)); each with optimize_ddp on and off, for a
+model class of your own (MLP) and an nn.Sequential of the same layers. The backend counts the graphs Dynamo
+hands it and runs them uncompiled (no inductor, no C compiler).
 """
 import json
 import time
@@ -23,7 +21,25 @@ STEPS = 3
 BUCKET_CAP_MB = 1  # below 1 MiB, DDPOptimizer refuses: its first bucket (1 MiB, as DDP's) must not be the largest
 
 
-def run(wrap, optimize_ddp, device):
+class MLP(torch.nn.Module):  # a model class of your own, as most are
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(512, 512) for _ in range(6))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def make_model(kind):  # the same layers either way
+    torch.manual_seed(0)
+    return MLP() if kind == "MLP" else torch.nn.Sequential(
+        *[layer for _ in range(6) for layer in (torch.nn.Linear(512, 512), torch.nn.ReLU())])
+
+
+def run(kind, wrap, optimize_ddp, device):
     torch._dynamo.reset()  # forget graphs compiled for the previous case
     torch._dynamo.utils.counters.clear()
     torch._dynamo.config.optimize_ddp = optimize_ddp
@@ -39,9 +55,7 @@ def run(wrap, optimize_ddp, device):
         buckets["count"] += 1
         return allreduce_hook(group, bucket)
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[layer for _ in range(6) for layer in (torch.nn.Linear(512, 512), torch.nn.ReLU())])
-    model = model.to(device)  # six 1 MiB weights: about one bucket each
+    model = make_model(kind).to(device)  # six 1 MiB weights: about one bucket each
     device_ids = [device.index] if device.type == "cuda" else None
     if wrap == "outer":
         ddp = DDP(model, device_ids=device_ids, bucket_cap_mb=BUCKET_CAP_MB)
@@ -67,7 +81,8 @@ def run(wrap, optimize_ddp, device):
 def main():
     backend, device = backend_and_device()
     dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    cases = {f"{wrap} optimize_ddp={on}": run(wrap, on, device) for wrap in ("outer", "inner") for on in (True, False)}
+    cases = {f"{kind} {wrap} optimize_ddp={on}": run(kind, wrap, on, device)
+             for kind in ("MLP", "Sequential") for wrap in ("outer", "inner") for on in (True, False)}
     if dist.get_rank() == 0:
         print("RESULT " + json.dumps(cases))
     dist.destroy_process_group()

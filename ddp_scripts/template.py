@@ -87,7 +87,7 @@ def main():
     if args.sync_bn:  # only BatchNorm layers change; nccl only (lesson 08)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     plain = model  # what we save and evaluate: the unwrapped model (lesson 07)
-    if args.compile:  # compile, then wrap: a graph per bucket; torch.compile(DDP) compiles nothing here (lesson 13b)
+    if args.compile:  # compile, then wrap: a graph per bucket, for any model (an nn.Sequential too; lesson 13b)
         model = torch.compile(model)
     if distributed:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
