@@ -18,6 +18,8 @@ class NaiveDDP:
 
     def finish_gradients(self):  # call after backward(), before optimizer.step()
         for p in self.model.parameters():
+            if p.grad is None:  # frozen, or unused in this step (on every rank): skipped, as torch does
+                continue
             self.launched_at.append(time.perf_counter())
             dist.all_reduce(p.grad)  # the sum over ranks ...
             p.grad /= dist.get_world_size()  # ... divided by N: the mean

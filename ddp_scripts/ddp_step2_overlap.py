@@ -13,7 +13,8 @@ class OverlapDDP:
         self.pending = []
         self.launched_at = []  # when each all-reduce started, to show the overlap
         for p in model.parameters():
-            p.register_post_accumulate_grad_hook(self.start_all_reduce)
+            if p.requires_grad:  # frozen: no gradient, no hook
+                p.register_post_accumulate_grad_hook(self.start_all_reduce)
 
     def start_all_reduce(self, p):  # runs *during* backward, once p.grad is final
         self.launched_at.append(time.perf_counter())

@@ -12,7 +12,7 @@ class BucketedDDP:
         cap = bucket_mb * 2**20
         # Gradients arrive roughly in reverse order of definition: bucket them that way.
         self.buckets, current, size = [], [], 0
-        for p in reversed(list(model.parameters())):
+        for p in reversed([p for p in model.parameters() if p.requires_grad]):  # frozen: no gradient, no bucket
             nbytes = p.numel() * p.element_size()
             if current and size + nbytes > cap:
                 self.buckets.append(current)

@@ -24,22 +24,29 @@ def make_model():
 
 
 class ShardedAdamW:
-    """Optimizer state for this rank's 1/N of one flat vector of all the parameters (ZeRO stage 1)."""
+    """Optimizer state for this rank's 1/N of one flat vector of the trainable parameters (ZeRO stage 1).
+    AdamW, or another optimizer class, with its arguments: ShardedAdamW(model, torch.optim.SGD, lr=0.1)."""
 
-    def __init__(self, model, lr):
-        self.params = list(model.parameters())
+    def __init__(self, model, optimizer_class=torch.optim.AdamW, **optimizer_kwargs):
+        self.params = [p for p in model.parameters() if p.requires_grad]  # frozen: never updated
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         numel = sum(p.numel() for p in self.params)
         self.shard_size = -(-numel // self.world)  # rounded up: the flat vector is padded to N equal shards
         flat = self.flatten([p.detach() for p in self.params])
         self.shard = nn.Parameter(flat[self.rank * self.shard_size:(self.rank + 1) * self.shard_size].clone())
-        self.optimizer = torch.optim.AdamW([self.shard], lr=lr)  # exp_avg, exp_avg_sq: shard-sized
+        self.optimizer = optimizer_class([self.shard], **optimizer_kwargs)  # its state: shard-sized
 
     def flatten(self, tensors):
         flat = torch.cat([t.reshape(-1) for t in tensors])
         return torch.cat([flat, flat.new_zeros(self.shard_size * self.world - flat.numel())])
 
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
     def step(self):
+        if any(p.grad is None for p in self.params):  # torch skips one; a flat shard cannot
+            raise ValueError("a trainable parameter got no gradient in this step: ShardedAdamW updates them all")
         grads = self.flatten([p.grad for p in self.params]) / self.world  # the mean, as DDP would give
         # Not sharded: every full p.grad is still alive, and `grads` is a full-size copy next to them.
         self.grad_bytes_at_reduce_scatter = sum(p.grad.numel() * p.grad.element_size() for p in self.params) \

@@ -4,7 +4,7 @@ Each launch checks the three variants in turn: one start of torch per world size
 import pytest
 
 import lessons
-from conftest import SCRIPTS
+from conftest import FIXTURES, SCRIPTS
 
 VARIANTS = ["naive", "overlap", "bucketed"]
 
@@ -23,3 +23,13 @@ def test_every_variant_matches_single_process_and_torch_ddp(nproc, bucket_mb, bu
         assert r["matches_torch_ddp"] is True, r
         assert r["max_abs_diff"] < 1e-5
     assert results[-1]["buckets"] == buckets
+
+
+def test_frozen_and_tied_parameters_as_torch_handles_them(launch_env):
+    """A frozen layer (no gradient: torch's DDP and optimizers skip it) and a tied weight (one parameter used twice):
+    the three DDPs from scratch against torch's DDP, ShardedAdamW with AdamW's own arguments against one process."""
+    result = lessons.torchrun(FIXTURES / "frozen_and_tied.py", nproc=2, env=launch_env, show=False,
+                              args=[SCRIPTS]).result
+    assert result["frozen_unchanged"] and result["tied"], result
+    assert all(diff < 1e-6 for diff in result["max_abs_diff"].values()), result
+    assert set(result["max_abs_diff"]) == {"naive", "overlap", "bucketed", "sharded_adamw"}
