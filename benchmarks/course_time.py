@@ -2,40 +2,58 @@
 
     python benchmarks/course_time.py
 
-An estimate, not a stopwatch on a learner: the words of the markdown cells at 200 words a minute, the lines of the
-code cells at 15 lines a minute, and each launch (a cell that starts torchrun or python processes) at 10 seconds.
+An estimate, not a stopwatch on a learner. Per lesson: the words of the markdown cells at a technical reading pace,
+the lines of the code cells read as code, each launch (a cell that starts torchrun or python processes) waited for
+and its output read, and each exercise (a cell that runs `lessons.check`) written and checked. A learner's walk of
+the fast track in order took about 4 hours (issue 36), against 3 from the first, lighter rates (200 words and 15
+lines a minute, 10 s a launch, no exercises); these rates are the slower ones such a walk shows.
 """
 import json
 import re
 from pathlib import Path
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-FAST = ["00_start_here", "04_ddp_training", "13_training_loop", "13b_stopping_lr_and_compile",
-        "05_distributed_sampler", "07_checkpoints", "11_debugging", "14_your_own_script"]
-LAUNCH = re.compile(r"lessons\.(torchrun|torchrun_nodes|run_python|doctor|check)\(|^%%torchrun", re.M)
+# The tracks (README.md; tests/test_course_shape.py checks that the lessons' "Next" cells follow them).
+FAST = ["00_start_here", "04_ddp_training", "05_distributed_sampler", "07_checkpoints", "11_debugging",
+        "14_your_own_script", "13_training_loop", "13b_stopping_lr_and_compile"]
+SHORTEST = ["00_start_here", "14_your_own_script"]  # to your own script on N devices: the template and the doctor
+WORDS_PER_MINUTE = 150  # technical prose, read to be used (200 is the pace of plain prose)
+CODE_LINES_PER_MINUTE = 10
+LAUNCH_MINUTES = 0.5  # the launch itself (4 to 10 s on a laptop), then reading what each rank printed
+EXERCISE_MINUTES = 20
+LAUNCH = re.compile(r"lessons\.(torchrun|torchrun_nodes|run_python|doctor)\(|^%%torchrun", re.M)
+EXERCISE = re.compile(r"lessons\.check\(")
 
 
-def minutes(notebook: Path) -> float:
-    words = lines = launches = 0
+def minutes(notebook: Path) -> tuple[float, float]:
+    """(reading, code and launches; the exercises) in minutes."""
+    words = lines = launches = exercises = 0
     for cell in json.loads(notebook.read_text())["cells"]:
         source = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             words += len(source.split())
         elif cell["cell_type"] == "code":
             lines += sum(1 for line in source.splitlines() if line.strip())
-            if "nbval-skip" not in cell["metadata"].get("tags", []):  # GPU-only and exercise checks: not run here
+            exercises += len(EXERCISE.findall(source))
+            if "nbval-skip" not in cell["metadata"].get("tags", []):  # GPU-only cells: not run on a laptop
                 launches += len(LAUNCH.findall(source))
-    return words / 200 + lines / 15 + launches * 10 / 60
+    return (words / WORDS_PER_MINUTE + lines / CODE_LINES_PER_MINUTE + launches * LAUNCH_MINUTES,
+            exercises * EXERCISE_MINUTES)
+
+
+def hours(per_lesson: dict, names: list[str], with_exercises: bool = True) -> float:
+    return sum(lesson + (exercise if with_exercises else 0) for lesson, exercise in
+               (per_lesson[name] for name in names)) / 60
 
 
 def main():
     per_lesson = {nb.stem: minutes(nb) for nb in sorted(NOTEBOOKS.glob("*.ipynb"))}
-    for name, m in per_lesson.items():
-        print(f"{m:6.0f} min  {name}")
-    fast = sum(per_lesson[name] for name in FAST if name in per_lesson)
-    missing = [name for name in FAST if name not in per_lesson]
-    print(f"fast track: {fast / 60:.1f} h" + (f" (without {', '.join(missing)}: not written yet)" if missing else ""))
-    print(f"full track: {sum(per_lesson.values()) / 60:.1f} h")
+    for name, (lesson, exercise) in per_lesson.items():
+        print(f"{lesson:6.0f} min  {name}" + (f"  (+ {exercise:.0f} min of exercise)" if exercise else ""))
+    full = list(per_lesson)
+    for label, track in (("shortest route (00, 14)", SHORTEST), ("fast track", FAST), ("full track", full)):
+        print(f"{label}: {hours(per_lesson, track):.1f} h with its exercises, "
+              f"{hours(per_lesson, track, with_exercises=False):.1f} h without")
 
 
 if __name__ == "__main__":

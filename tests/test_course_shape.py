@@ -9,8 +9,8 @@ from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # The two tracks (README.md).
-FAST = ["00_start_here", "04_ddp_training", "13_training_loop", "13b_stopping_lr_and_compile",
-        "05_distributed_sampler", "07_checkpoints", "11_debugging", "14_your_own_script"]
+FAST = ["00_start_here", "04_ddp_training", "05_distributed_sampler", "07_checkpoints", "11_debugging",
+        "14_your_own_script", "13_training_loop", "13b_stopping_lr_and_compile"]
 FULL = sorted(nb.stem for nb in NOTEBOOKS if not nb.stem.startswith("99_")) + ["99_appendix_under_the_hood"]
 COURSE = set(FULL)
 
@@ -77,3 +77,31 @@ def test_each_lesson_fits_one_sitting(capsys):
         print("\nnotebook source sizes (KB):", ", ".join(f"{name.split('_')[0]} {size / 1000:.1f}" for name, size in sizes.items()))
     over = {name: size for name, size in sizes.items() if size > SOURCE_LIMIT}
     assert over == {}, f"over {SOURCE_LIMIT // 1000} KB of source: {over}"
+
+
+def test_the_readme_states_the_tracks_and_the_hours_that_benchmarks_course_time_counts():
+    """The README's fast track is FAST, in order, as in course_time.py; its hours are what that script counts (a
+    lesson that grows changes them: run it, and update the README)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("course_time", ROOT / "benchmarks" / "course_time.py")
+    course_time = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course_time)
+    assert course_time.FAST == FAST
+    readme = (ROOT / "README.md").read_text()
+    fast_line = readme[readme.index("- **Fast track**"):readme.index("- **Full track**")]
+    assert re.findall(r"`(\d\d\w?_\w+)`", fast_line) == FAST
+
+    per_lesson = {notebook.stem: course_time.minutes(notebook) for notebook in NOTEBOOKS}
+
+    def spoken(names, with_exercises=True):  # to the nearest half hour, as the README writes it
+        half_hours = round(course_time.hours(per_lesson, names, with_exercises) * 2)
+        return f"{half_hours // 2}" + ("½" if half_hours % 2 else "")
+
+    first = round(sum(per_lesson["00_start_here"]) / 5) * 5
+    stated = " ".join(readme.split())  # the paragraph's line breaks fall anywhere
+    for claim in (f"Lesson 00 takes about {first} minutes",
+                  f"(the template and the doctor), about {spoken(course_time.SHORTEST)} hour",
+                  f"about {spoken(FAST, False)} hours, {spoken(FAST)} with its exercises",
+                  f"about {spoken(FULL, False)} hours, {spoken(FULL)} with its exercises"):
+        assert claim in stated, f"README.md should say {claim!r} (python benchmarks/course_time.py)"
