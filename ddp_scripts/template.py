@@ -57,8 +57,10 @@ def main():
     parser.add_argument("--stop-after", type=int, help="epochs in this job (a job's time limit); then resume")
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--sync-bn", action="store_true", help="BatchNorm statistics over all ranks (GPU only)")
-    parser.add_argument("--amp", action="store_true", help="autocast: bf16 on the CPU, fp16 on a GPU")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model, then wrap it in DDP")
+    parser.add_argument("--amp", action="store_true", help="autocast: bf16 where supported, else fp16 with a scaler")
+    parser.add_argument("--compile", nargs="?", const="inductor", help="torch.compile (a backend may follow)")
+    parser.add_argument("--clip", type=float, help="clip the gradient's norm to this, after the all-reduce")
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader processes per rank (lesson 06)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds a collective may wait for a rank")
     args = parser.parse_args()
 
@@ -79,21 +81,23 @@ def main():
     train_set, test_set = data(args.seed)
     # Each rank a different 1/N of the data, reshuffled every epoch by set_epoch (lesson 05).
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
-    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, pin_memory=device.type == "cuda")
+    loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, pin_memory=device.type == "cuda",
+                        num_workers=args.workers, persistent_workers=args.workers > 0)
     # Evaluation without padding: rank r takes samples r, r+N, ..., so each is counted once (lesson 05).
     test_loader = DataLoader(Subset(test_set, range(rank, len(test_set), world_size)), batch_size=256)
 
     model = Model().to(device)
+    torch.manual_seed(args.seed + rank)  # the same weights; from here each rank its own dropout, augmentation (07b)
     if args.sync_bn:  # only BatchNorm layers change; nccl only (lesson 08)
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     plain = model  # what we save and evaluate: the unwrapped model (lesson 07)
     if args.compile:  # compile, then wrap: a graph per bucket, for any model (an nn.Sequential too; lesson 13b)
-        model = torch.compile(model)
+        model = torch.compile(model, backend=args.compile)
     if distributed:
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(plain.parameters(), lr=args.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs)
-    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    amp_dtype = torch.float16 if device.type == "cuda" and not torch.cuda.is_bf16_supported() else torch.bfloat16
     scaler = torch.amp.GradScaler(device.type, enabled=args.amp and amp_dtype == torch.float16)  # fp16 needs it
 
     start_epoch = 0
@@ -101,7 +105,8 @@ def main():
         # map_location: onto this rank's device, not the one it was saved from; weights_only: no code runs (lesson 07)
         state = torch.load(args.checkpoint, map_location=device, weights_only=True)
         for part, obj in [("model", plain), ("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)]:
-            obj.load_state_dict(state[part])
+            if state[part]:  # a scaler saved without --amp holds nothing, and an enabled one refuses {}
+                obj.load_state_dict(state[part])
         start_epoch = state["epoch"]  # the sampler's position: the epoch to run next
         if rank == 0:
             print(f"resumed from {args.checkpoint} at epoch {start_epoch}")
@@ -115,12 +120,16 @@ def main():
         for step, (x, y) in enumerate(loader):
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             last_micro_step = (step + 1) % args.accumulate == 0 or step + 1 == len(loader)
+            group = min(args.accumulate, len(loader) - step // args.accumulate * args.accumulate)  # the last: shorter
             # no_sync: skip the all-reduce on micro-steps that don't step the optimizer (lesson 09)
             with model.no_sync() if distributed and not last_micro_step else contextlib.nullcontext():
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=args.amp):
                     loss = F.cross_entropy(model(x), y)
-                scaler.scale(loss / args.accumulate).backward()
+                scaler.scale(loss / group).backward()  # the mean over the group's micro-batches
             if last_micro_step:
+                if args.clip:  # after the all-reduce: the same norm on every rank (lesson 13)
+                    scaler.unscale_(optimizer)
+                    torch.nn.utils.clip_grad_norm_(plain.parameters(), args.clip)
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad()
