@@ -105,3 +105,19 @@ def test_the_readme_states_the_tracks_and_the_hours_that_benchmarks_course_time_
                   f"about {spoken(FAST, False)} hours, {spoken(FAST)} with its exercises",
                   f"about {spoken(FULL, False)} hours, {spoken(FULL)} with its exercises"):
         assert claim in stated, f"README.md should say {claim!r} (python benchmarks/course_time.py)"
+
+
+# A notebook run alone from a fresh clone must make the scratch folder it writes to: nbval's order (04 makes it) hid
+# that lesson 14 failed when opened first. DCP's save makes its own folder, parents included (FileSystemWriter).
+MAKES_ITS_OWN_FOLDER = {"12b_zero_dcp_and_activations": 'args=["--save", "../artifacts/dcp"]'}
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_notebook_makes_the_scratch_folder_it_writes_to(notebook):
+    using = [text(c) for c in cells(notebook) if c["cell_type"] == "code" and "../artifacts" in text(c)]
+    if not using or notebook.stem in MAKES_ITS_OWN_FOLDER:
+        assert not using or MAKES_ITS_OWN_FOLDER[notebook.stem] in using[0]
+        return
+    first = using[0]
+    assert re.search(r'os\.makedirs\("\.\./artifacts[^"]*", exist_ok=True\)|\.mkdir\(parents=True', first), \
+        f"{notebook.name}: the first cell that uses ../artifacts must make it (os.makedirs(..., exist_ok=True))"
