@@ -36,11 +36,11 @@ def main():
     parser.add_argument("--out", default="model.pt", help="where rank 0 saves the trained model's state_dict")
     args = parser.parse_args()
 
-    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # CPU here: gloo
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device)  # before the group: else every rank's NCCL starts on GPU 0
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")  # CPU here: gloo
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     if args.batch_size % world_size:
         raise SystemExit(f"--batch-size {args.batch_size} is the global batch: make it a multiple of {world_size}")
 
