@@ -17,8 +17,9 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .failure import _PEER_FAILURE, LaunchError
+from .failure import LaunchError
 from .launch import torchrun
+from .rank_output import PEER_FAILURE
 from .stacks import where
 
 # `python -m lessons.check` imports the package first, whose __init__ imports this module: runpy then warns that
@@ -170,7 +171,7 @@ def _explain(name: str, path: Path, error: LaunchError, timeout: float) -> list[
         for line in text.splitlines():
             if line.startswith(FAIL_PREFIX):
                 failures.append(json.loads(line[len(FAIL_PREFIX):]))
-    own = [f for f in failures if not _PEER_FAILURE.search(f["hint"])]
+    own = [f for f in failures if not PEER_FAILURE.search(f["hint"])]
     # A rank that only lost its peer (because another rank failed first) is not the news; a rank that crashed
     # without a word (a signal, e.g. gloo's abort on a size mismatch) is.
     crashed = error.rank is not None and error.rank not in {f["rank"] for f in failures}

@@ -5,8 +5,7 @@ import re
 import signal
 from pathlib import Path
 
-from .rank_output import PEER_FAILURE as _PEER_FAILURE  # noqa: F401  (check.py reads it from here)
-from .rank_output import LaunchResult, describe_exit
+from .rank_output import PEER_FAILURE, LaunchResult, describe_exit
 
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?", re.M)  # torch's excepthook labels lines
 
@@ -41,7 +40,7 @@ def root_cause_rank(launch: LaunchResult, codes: dict[int, int]) -> int | None:
     """The rank that failed first: one whose own code raised, or one killed by a signal
     (SIGKILL, SIGABRT), rather than one that lost its peer or was stopped by torchrun."""
     with_traceback = [r for r, err in launch.stderr.items() if "Traceback (most recent call last)" in err]
-    own_errors = [r for r in with_traceback if not _PEER_FAILURE.search(last_exception(launch.stderr[r]))]
+    own_errors = [r for r in with_traceback if not PEER_FAILURE.search(last_exception(launch.stderr[r]))]
     killed = [r for r, c in codes.items() if c < 0 and c != -signal.SIGTERM]
     others = [r for r, c in codes.items() if c != 0 and c != -signal.SIGTERM]
     for candidates in (own_errors, killed, with_traceback, others):
@@ -76,7 +75,7 @@ def recorded_root_cause(launch: LaunchResult) -> tuple[int, str] | None:
         if not isinstance(message, dict):
             continue
         extra = message.get("extraInfo", {})
-        found.append((int(extra.get("timestamp", 0)), bool(_PEER_FAILURE.search(message.get("message", ""))),
+        found.append((int(extra.get("timestamp", 0)), bool(PEER_FAILURE.search(message.get("message", ""))),
                       rank, extra.get("py_callstack", message.get("message", "")).rstrip()))
     if not found:
         return None

@@ -69,17 +69,15 @@ def wait(proc: subprocess.Popen, timeout: float | None, on_tick=None, clock_star
 
 def workers_alive(launcher_pid: int) -> bool:
     """Does the launcher still have a child that runs (not one that has ended and waits to be reaped)?"""
+    def runs(process):
+        try:
+            return process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
     try:
-        children = psutil.Process(launcher_pid).children(recursive=True)
+        return any(runs(child) for child in psutil.Process(launcher_pid).children(recursive=True))
     except psutil.NoSuchProcess:
         return False
-    alive = False
-    for child in children:
-        try:
-            alive = alive or child.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 @contextlib.contextmanager
