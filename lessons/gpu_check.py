@@ -119,7 +119,7 @@ def status_of(outputs: list) -> str:
     if errors:
         return f"error: {errors[0].ename}: {errors[0].evalue}"
     text = printed_text(outputs)
-    if "False" in text or "FAILS" in text:
+    if re.search(r"(?<![=\w])False\b|\bFAILS\b", text):  # a verdict, not an argument (checkpointed=False)
         return "ran: a check printed False or FAILS (read the output)"
     return "ran: no check printed False or FAILS"
 
@@ -169,12 +169,16 @@ def results_of_notebook(path: Path, cells: list[GpuCell], gpus_here: int, notebo
     return results
 
 
-def run_gpu_cells(notebooks_dir: Path, gpus_here: int) -> list[CellResult]:
+def run_gpu_cells(notebooks_dir: Path, gpus_here: int, after_each=None) -> list[CellResult]:
+    """Each notebook with GPU cells, in order. after_each(results so far) is called after every notebook, so a
+    report written there keeps the evidence of the notebooks that finished if a later one is stopped."""
     cells = gpu_cells(notebooks_dir)
     results = []
     for name in dict.fromkeys(cell.notebook for cell in cells):  # each notebook once, in order
         ours = [cell for cell in cells if cell.notebook == name]
         results += results_of_notebook(Path(notebooks_dir) / name, ours, gpus_here, Path(notebooks_dir))
+        if after_each is not None:
+            after_each(results)
     return results
 
 
@@ -246,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{shown(args.report)}")
         return 0
     command = " ".join(["python -m lessons.gpu_check", *(sys.argv[1:] if argv is None else argv)])
-    results = run_gpu_cells(args.notebooks, torch.cuda.device_count())
-    args.report.write_text(report_markdown(machine_facts(command), results))
+    facts = machine_facts(command)
+    results = run_gpu_cells(args.notebooks, torch.cuda.device_count(),
+                            after_each=lambda so_far: args.report.write_text(report_markdown(facts, so_far)))
     ran = sum(result.output is not None for result in results)
     print(f"gpu-check: {ran} of {len(results)} GPU cells ran; the report is {shown(args.report)}")
     return 0
