@@ -2,16 +2,21 @@
 
     lessons.doctor("train.py", nproc=2, args=["--epochs", "2"])
     python -m lessons doctor train.py -n 2 -- --epochs 2
+    python -m lessons doctor train.py -n 2 --compare -- --epochs 2     # N ranks == one process with their batch?
 
 The script is not changed: lessons/doctor_site/sitecustomize.py is put first on the ranks' PYTHONPATH, and Python
-loads it into each rank before the script. Each rank writes what it saw to a file in a temporary directory; after
-the launch the doctor compares the ranks and prints one line per finding, each starting with a stable code.
-Exit status (``report.status``, and the command's): 0 nothing found, 1 something found, 2 the script can't be run.
+loads it into each rank before the script. Each rank writes what it did to a file in a temporary directory; after
+the launch the doctor compares the ranks and prints one line per finding, most serious first, each starting with a
+stable code and the file:line where it shows.
+Exit status (``report.status``, and the command's): 0 nothing found, 1 something found, 2 the script did not run to
+the end (it crashed, hung, or can't be run; the findings that explain it are still listed). With --compare the
+status is the comparison's: 0 the same model, 1 not, 2 no comparison was possible.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,30 +24,40 @@ from pathlib import Path
 from .launch import LaunchError, LaunchResult, torchrun
 
 SITE_DIR = Path(__file__).resolve().parent / "doctor_site"
-CODES = ("no-set-epoch", "save-on-every-rank", "load-without-map-location", "weights-only-off", "params-diverged",
-         "collectives-differ", "no-destroy")
+# Most serious first: what changes the trained model, then what hangs or wastes, then what is merely risky.
+CODES = ("separate-models", "collectives-differ", "unequal-batches", "same-samples", "datasets-differ",
+         "params-diverged", "no-set-epoch", "sampler-recreated", "rank-from-local-rank", "save-on-every-rank",
+         "load-without-map-location", "map-location-maps-nothing", "weights-only-off", "no-destroy")
 PARAMS_ATOL = 1e-6  # float32 all-reduced gradients give the ranks the same bits; any drift is a real difference
+COMPARE_RTOL = 1e-4  # N ranks against one process: other summation orders, amplified over the steps (lesson 04)
+SAME_SAMPLES = 0.5  # ranks sharing more than half their samples in a pass: no sharding, not a padded shard
+USAGE = "python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]"
 
 
 @dataclass
 class Finding:
     code: str
     message: str
+    site: str | None = None  # file:line where it shows
 
     def __str__(self):
-        return f"{self.code}: {self.message}"
+        return f"{self.code}: {self.site + ': ' if self.site else ''}{self.message}"
 
 
 @dataclass
 class DoctorReport:
     findings: list[Finding] = field(default_factory=list)
     launch: LaunchResult | None = None  # what the ranks printed; .result is rank 0's RESULT
-    error: str | None = None  # why the script could not be run (or failed), in one line
+    error: str | None = None  # why the script did not run to the end, in one line (a hang: where each rank was)
+    compare: list[str] = field(default_factory=list)  # --compare: the lines starting "compare:"
+    compare_status: int | None = None  # 0 the same model, 1 not, 2 no comparison possible
 
     @property
     def status(self) -> int:
-        """0: nothing found; 1: something found; 2: the script can't be run (and nothing was found)."""
-        return 1 if self.findings else 2 if self.error else 0
+        """0: nothing found; 1: something found; 2: the script did not run to the end."""
+        if self.compare_status is not None:
+            return self.compare_status
+        return 2 if self.error else 1 if self.findings else 0
 
     @property
     def codes(self) -> list[str]:
@@ -54,156 +69,281 @@ class DoctorReport:
             lines.append(f"the script did not run to the end: {self.error}")
         if not lines:
             lines.append("no findings")
-        return "\n".join(lines)
+        return "\n".join(lines + self.compare)
+
+
+@dataclass
+class Record:
+    """What the ranks wrote: their events, and their parameters at exit."""
+    events: dict[int, list[dict]]
+    params: dict[int, dict]
+    errors: dict[int, str]  # the instruments' own failures, by rank
 
 
 def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), timeout: float | None = 300,
-           show: bool = False, env: dict[str, str] | None = None) -> DoctorReport:
-    """Launch SCRIPT under torchrun with NPROC ranks, instrumented, and return the findings (print it to read it)."""
-    script = Path(script)
-    if not script.is_file():
+           show: bool = False, env: dict[str, str] | None = None, compare: bool = False,
+           nodes: int = 1) -> DoctorReport:
+    """Launch SCRIPT under torchrun with NPROC ranks (on each of NODES nodes), instrumented, and return the
+    findings (print it to read it). compare=True also runs it as one process with the ranks' batch and compares
+    the trained parameters."""
+    if not Path(script).is_file():
         return DoctorReport(error=f"no such script: {script}")
-    with tempfile.TemporaryDirectory(prefix="ddp_doctor_") as out_dir:
-        python_path = os.pathsep.join(p for p in (str(SITE_DIR), (env or {}).get("PYTHONPATH",
-                                                  os.environ.get("PYTHONPATH", ""))) if p)
-        launch_env = {**(env or {}), "PYTHONPATH": python_path, "LESSONS_DOCTOR_DIR": out_dir}
-        launch_env.pop("LESSONS_DOCTOR_RANK_PID", None)
-        report = DoctorReport()
-        try:
-            report.launch = torchrun(script, nproc=nproc, args=[str(a) for a in args], timeout=timeout,
-                                     show=show, env=launch_env, live=False)
-        except LaunchError as error:
-            report.launch = error.result
-            report.error = error.root_cause or str(error).splitlines()[0]
-            if error.result is not None and error.result.stacks:  # a hang: every rank's stack, as torchrun gives it
-                report.error = str(error)
-        except ValueError as error:  # bad arguments (nproc, timeout): one line
-            return DoctorReport(error=str(error))
-        report.findings = examine(Path(out_dir), nproc)
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 4:
+        return DoctorReport(error=f"nodes must be 1 to 4 (torchrun agents on this machine), got {nodes!r}")
+    if compare and nodes > 1:
+        return DoctorReport(error="--compare runs one node against one process: leave out --nodes")
+    report, record = _run(script, nproc, args, timeout, show, env, nodes, {"LESSONS_DOCTOR_COMPARE": "1"}
+                          if compare else {})
+    if record is not None:
+        report.findings = examine_record(record, nproc * nodes, crashed=report.error is not None)
+    if compare:
+        report.compare, report.compare_status = _compare(script, nproc, args, timeout, env, report, record)
     return report
 
 
-def _events(out_dir: Path, nproc: int) -> dict[int, list[dict]]:
-    events = {}
+def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[DoctorReport, Record | None]:
+    """One instrumented launch; the report's error, and what the ranks recorded."""
+    from .nodes import torchrun_nodes  # lessons.nodes imports lessons.launch: imported when needed
+
+    with tempfile.TemporaryDirectory(prefix="ddp_doctor_") as out_dir:
+        python_path = os.pathsep.join(p for p in (str(SITE_DIR), (env or {}).get("PYTHONPATH",
+                                                  os.environ.get("PYTHONPATH", ""))) if p)
+        launch_env = {**(env or {}), **extra_env, "PYTHONPATH": python_path, "LESSONS_DOCTOR_DIR": out_dir}
+        launch_env.pop("LESSONS_DOCTOR_RANK_PID", None)
+        report = DoctorReport()
+        try:
+            if nodes > 1:
+                launched = torchrun_nodes(script, nnodes=nodes, nproc_per_node=nproc, args=list(args),
+                                          timeout=timeout, show=show, env=launch_env)
+                report.launch = launched.nodes[0]
+            else:
+                report.launch = torchrun(script, nproc=nproc, args=[str(a) for a in args], timeout=timeout,
+                                         show=show, env=launch_env, live=False)
+        except LaunchError as error:
+            report.launch = error.result
+            report.error = _why_it_stopped(error)
+        except (ValueError, TypeError, FileNotFoundError) as error:  # bad arguments (nproc, timeout): one line
+            return DoctorReport(error=str(error)), None
+        record = read_record(Path(out_dir), nproc * nodes)
+    if record.errors:  # the instruments failed in a rank: what it recorded is not the whole story
+        rank, why = min(record.errors.items())
+        report.error = f"the doctor's instruments failed in rank {rank} (please report it): {why}"
+    spawned = [e for evs in record.events.values() for e in evs if e["event"] == "spawn"]
+    if spawned:
+        report.error = (f"{spawned[0]['site']}: the script starts its own ranks ({spawned[0]['call']}), and torchrun"
+                        " has already started them: run it with python, or drop the spawn and read RANK,"
+                        " LOCAL_RANK and WORLD_SIZE from the environment (lesson 10)")
+    return report, record
+
+
+def _why_it_stopped(error: LaunchError) -> str:
+    """One line for a crash (the failing rank's own file:line and error), the places of each rank for a hang."""
+    message = str(error)
+    if error.result is not None and error.result.stacks:  # a hang: where each rank was
+        return re.sub(r" The full stacks are in \.result\.stacks, the output so far in \.result\.outputs\.", "",
+                      message)
+    if error.rank is not None and error.result is not None:
+        stderr = error.result.stderr.get(error.rank, "")
+        frames = re.findall(r'File "([^"]+)", line (\d+)', stderr)
+        own = [(f, n) for f, n in frames if "site-packages" not in f and "/torch/" not in f
+               and "doctor_site" not in f and not f.startswith("<")]
+        where = own[-1] if own else frames[-1] if frames else None
+        if where:
+            name = where[0]
+            try:
+                name = os.path.relpath(name) if not os.path.relpath(name).startswith("..") else name
+            except ValueError:
+                pass
+            return f"rank {error.rank} failed at {name}:{where[1]}: {error.root_cause or message.splitlines()[0]}"
+    return error.root_cause or message.splitlines()[0]
+
+
+def read_record(out_dir: Path, nproc: int) -> Record:
+    import torch  # only here: the kernel that calls the doctor may not have it yet
+
+    events, params, errors = {}, {}, {}
     for rank in range(nproc):
         path = out_dir / f"rank{rank}.jsonl"
         lines = path.read_text().splitlines() if path.exists() else []
-        events[rank] = [json.loads(line) for line in lines if line.strip()]
-    return events
+        events[rank] = []
+        for line in lines:
+            try:
+                events[rank].append(json.loads(line))
+            except json.JSONDecodeError:  # the last line of a rank killed while writing it
+                pass
+        if (out_dir / f"rank{rank}.params.pt").exists():
+            params[rank] = torch.load(out_dir / f"rank{rank}.params.pt", map_location="cpu", weights_only=True)
+        if (out_dir / f"rank{rank}.error").exists():
+            errors[rank] = (out_dir / f"rank{rank}.error").read_text().strip()
+    return Record(events, params, errors)
 
 
-def examine(out_dir: Path, nproc: int) -> list[Finding]:
-    """Read what each rank recorded and turn it into findings, in the order of CODES."""
-    events = _events(out_dir, nproc)
-    findings = []
-
-    # no-set-epoch: a shuffling sampler iterated twice at the same epoch.
-    for rank in sorted(events):
-        last_epoch, flagged = {}, set()
-        for e in events[rank]:
-            if e["event"] == "sampler_iter" and e["shuffle"]:
-                if last_epoch.get(e["sampler"]) == e["epoch"] and e["sampler"] not in flagged:
-                    flagged.add(e["sampler"])
-                    findings.append(Finding("no-set-epoch", (
-                        f"rank {rank}: a DistributedSampler(shuffle=True) was iterated again at epoch {e['epoch']};"
-                        " call sampler.set_epoch(epoch) before each epoch, or every epoch sees the same order"
-                        " (lesson 05)")))
-                last_epoch[e["sampler"]] = e["epoch"]
-        if flagged:
-            break  # one rank says it: the others do the same
-
-    # save-on-every-rank: the same path written by more than one rank.
-    savers = {}
-    for rank, evs in events.items():
-        for e in evs:
-            if e["event"] == "save":
-                savers.setdefault(e["path"], set()).add(rank)
-    for path, ranks in savers.items():
-        if len(ranks) > 1:
-            findings.append(Finding("save-on-every-rank", (
-                f"ranks {', '.join(map(str, sorted(ranks)))} all called torch.save({path!r}); the ranks hold the same"
-                " weights, so they write the same file at once: save on rank 0 only (lesson 07)")))
-
-    loads = [(rank, e) for rank, evs in events.items() for e in evs if e["event"] == "load"]
-    if nproc > 1:
-        for rank, e in loads:
-            if not e["map_location"]:
-                findings.append(Finding("load-without-map-location", (
-                    f"rank {rank}: torch.load({e['path']!r}) without map_location; on GPUs every rank then loads the"
-                    " tensors onto the GPU they were saved from (cuda:0), filling its memory and slowing rank 0:"
-                    " pass map_location=device (lesson 07)")))
-                break
-    for rank, e in loads:
-        if e["weights_only"] is False:
-            findings.append(Finding("weights-only-off", (
-                f"rank {rank}: torch.load({e['path']!r}, weights_only=False) runs any code pickled in the file;"
-                " save tensors and plain values, and load with weights_only=True (lesson 07)")))
-            break
-
-    findings += _params_diverged(out_dir, nproc)
-    findings += _collectives_differ(events)
-
-    exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
-    undestroyed = [rank for rank, e in exits.items() if e and e["initialized"]]
-    if undestroyed:
-        findings.append(Finding("no-destroy", (
-            f"rank(s) {', '.join(map(str, undestroyed))} exited with the process group never destroyed; end with"
-            " dist.destroy_process_group(), or the exit can hang or abort (lesson 00)")))
-    return findings
+def examine(out_dir: Path, nproc: int, crashed: bool = False) -> list[Finding]:
+    """The findings in what NPROC ranks wrote to OUT_DIR, most serious first."""
+    return examine_record(read_record(Path(out_dir), nproc), nproc, crashed)
 
 
-def _params_diverged(out_dir: Path, nproc: int) -> list[Finding]:
-    files = {rank: out_dir / f"rank{rank}.params.pt" for rank in range(nproc)}
-    files = {rank: path for rank, path in files.items() if path.exists()}
-    if len(files) < 2:
+# --- Reading the events ------------------------------------------------------------------------------------------
+
+@dataclass
+class Pass:
+    """One pass over a loader on one rank: an iteration of it, from iter() to StopIteration or abandonment."""
+    loader: dict  # the loader event
+    number: int
+    epoch: int | None
+    batches: int = 0
+    ended: bool = False
+    trained: bool = False  # the optimizer stepped between its batches
+    indices: list | None = None
+
+
+def passes_of(events: list[dict]) -> list[Pass]:
+    """Every pass of a rank, in order, each marked trained when an optimizer step fell inside it."""
+    loaders = {e["loader"]: e for e in events if e["event"] == "loader"}
+    passes, current, last_steps = {}, None, 0
+    for e in events:
+        if "steps" in e:
+            if e["steps"] > last_steps and current is not None:
+                current.trained = True
+            last_steps = e["steps"]
+        if e["event"] == "pass" and e["loader"] in loaders:
+            passes[(e["loader"], e["number"])] = Pass(loaders[e["loader"]], e["number"], e.get("epoch"))
+        elif e["event"] in ("batch", "pass_end") and (e["loader"], e["number"]) in passes:
+            p = passes[(e["loader"], e["number"])]
+            if e["event"] == "batch":
+                p.batches, current = e["n"], p
+            else:
+                p.batches, p.ended, p.indices = e["batches"], True, e.get("indices")
+    return list(passes.values())
+
+
+def by_site(passes: list[Pass]) -> dict[tuple[str, int], Pass]:
+    """The k-th training pass of the loaders made at each site: what matches between ranks."""
+    keyed, counts = {}, {}
+    for p in passes:
+        if p.trained:
+            k = counts[p.loader["site"]] = counts.get(p.loader["site"], 0) + 1
+            keyed[(p.loader["site"], k)] = p
+    return keyed
+
+
+def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Finding]:
+    events = record.events
+    samplers = {rank: {e["sampler"]: e for e in evs if e["event"] == "sampler"} for rank, evs in events.items()}
+    passes = {rank: passes_of(evs) for rank, evs in events.items()}
+    trained = {rank: by_site(ps) for rank, ps in passes.items()}
+    found = []
+    found += _separate_models(record)
+    found += _collectives_differ(events, crashed)
+    found += _unequal_batches(trained)
+    found += _same_samples(trained, samplers, nproc)
+    found += _datasets_differ(events)
+    found += _sampler_epochs(passes, samplers)
+    found += _rank_from_local_rank(events)
+    found += _saves_and_loads(events, nproc)
+    if not crashed:
+        exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
+        undestroyed = [rank for rank, e in exits.items() if e and e["initialized"]]
+        if undestroyed and all(exits.values()):
+            found.append(Finding("no-destroy", (
+                f"rank(s) {', '.join(map(str, undestroyed))} exited with the process group never destroyed; end with"
+                " dist.destroy_process_group(), or the exit can hang or abort (lesson 00)")))
+    return sorted(found, key=lambda f: CODES.index(f.code))
+
+
+def _first(events, kind):
+    return next((e for evs in events.values() for e in evs if e["event"] == kind), None)
+
+
+def _separate_models(record: Record) -> list[Finding]:
+    """The ranks' parameters at exit: each optimizer's, and each DDP module's, compared with rank 0's."""
+    params = record.params
+    if len(params) < 2:
         return []
-    import torch  # only here: the kernel that calls the doctor may not have it yet
-
-    params = {rank: torch.load(path, map_location="cpu", weights_only=True) for rank, path in files.items()}
     reference_rank = min(params)
-    worst = (0.0, None, None)
+    groups = {}  # "opt0" / "ddp0" -> {rank: {name: tensor}}
     for rank, tensors in params.items():
         for name, value in tensors.items():
-            other = params[reference_rank].get(name)
-            if other is None or other.shape != value.shape:
-                return [Finding("params-diverged", f"rank {rank}: parameter {name} differs in shape from rank"
-                                f" {reference_rank}'s")]
-            diff = (value - other).abs().max().item() if value.numel() else 0.0
-            if diff > worst[0]:
-                worst = (diff, name, rank)
+            if not name.startswith(("start.", "first.")):
+                groups.setdefault(name.split(".", 1)[0], {}).setdefault(rank, {})[name] = value
+    worst = (0.0, None, None)
+    for group, ranks in sorted(groups.items(), key=lambda item: not item[0].startswith("ddp")):
+        shapes = {rank: {n: tuple(t.shape) for n, t in tensors.items()} for rank, tensors in ranks.items()}
+        if len(ranks) < len(params) or any(s != shapes[reference_rank] for s in shapes.values()):
+            continue  # sharded (ZeRO, pipeline stages): each rank holds its own part
+        for rank, tensors in ranks.items():
+            for name, value in tensors.items():
+                diff = (value - ranks[reference_rank][name]).abs().max().item() if value.numel() else 0.0
+                if diff > worst[0]:
+                    worst = (diff, name, rank)
     diff, name, rank = worst
+    wrapped = _first(record.events, "wrapper")
+    optimizer = _first(record.events, "optimizer")
     if diff <= PARAMS_ATOL:
+        if wrapped is None and _first(record.events, "init") is not None and _trained_alone(record.events):
+            return [Finding("separate-models", (
+                "every rank trains its own model: no DistributedDataParallel (or FSDP) wraps it, and the ranks make"
+                " no collective while they train; their weights agree at exit only because one rank's were"
+                " copied to all afterwards. Wrap the model, model = DDP(model), before making the optimizer"
+                " (lesson 04)"), optimizer["site"] if optimizer else None)]
         return []
-    name = name.split(".", 1)[1]
+    if wrapped is None and _first(record.events, "init") is not None:
+        return [Finding("separate-models", (
+            f"every rank trains its own model: no DistributedDataParallel (or FSDP) wraps it, and at exit the"
+            f" parameters differ between ranks by up to {diff:.3g} (rank {rank} vs rank {reference_rank}). The"
+            " ranks share nothing but the process group: wrap the model, model = DDP(model), before making the"
+            " optimizer (lesson 04)"), optimizer["site"] if optimizer else None)]
     return [Finding("params-diverged", (
-        f"at exit the DDP model's parameters differ between ranks: largest difference {diff:.3g} in {name}"
-        f" (rank {rank} vs rank {reference_rank}); something changed the weights outside DDP's backward/step on"
-        " some ranks only (lesson 03)"))]
+        f"at exit the parameters differ between ranks: largest difference {diff:.3g} (rank {rank} vs rank"
+        f" {reference_rank}, {_param_name(name)}); something changed the weights outside DDP's backward and the"
+        " optimizer's step on some ranks only, or the ranks started from other weights (lesson 03)"),
+        wrapped["site"] if wrapped else None)]
 
 
-def _collectives_differ(events: dict[int, list[dict]]) -> list[Finding]:
-    sequences = {rank: [(e["op"], e["shape"]) for e in evs if e["event"] == "collective"]
-                 for rank, evs in events.items()}
-    if len(sequences) < 2:
+def _trained_alone(events) -> bool:
+    """Every rank stepped its optimizer more than once, with none of the script's collectives before its last step."""
+    for evs in events.values():
+        steps = next((e["steps"] for e in evs if e["event"] == "exit"), 0)
+        if steps < 2 or any(e["event"] == "collective" and e.get("steps", steps) < steps for e in evs):
+            return False
+    return True
+
+
+def _param_name(name: str) -> str:
+    group, rest = name.split(".", 1)
+    return f"parameter {rest}" if group.startswith("ddp") else f"the optimizer's parameter #{rest}"
+
+
+def _collectives_differ(events: dict[int, list[dict]], crashed: bool) -> list[Finding]:
+    calls = {rank: [e for e in evs if e["event"] == "collective"] for rank, evs in events.items()}
+    if len(calls) < 2:
         return []
-    reference_rank = min(sequences)
-    reference = sequences[reference_rank]
-    for rank, sequence in sorted(sequences.items()):
-        if sequence == reference:
+    reference_rank = min(calls)
+    reference = calls[reference_rank]
+    for rank, sequence in sorted(calls.items()):
+        key = [(e["op"], e["shape"]) for e in sequence]
+        if key == [(e["op"], e["shape"]) for e in reference]:
             continue
-        place = next((i for i, (a, b) in enumerate(zip(reference, sequence)) if a != b), min(len(reference),
-                                                                                             len(sequence)))
+        place = next((i for i, (a, b) in enumerate(zip(reference, sequence)) if (a["op"], a["shape"]) !=
+                      (b["op"], b["shape"])), None)
+        if place is None:
+            if crashed:
+                continue  # one rank made fewer calls because it crashed: that is the crash, not a mismatch
+            place = min(len(reference), len(sequence))
 
         def call(seq, r):
             if place >= len(seq):
                 return f"rank {r} made no call #{place + 1} ({len(seq)} collectives in all)"
-            op, shape = seq[place]
-            return f"rank {r} called {op}" + (f" on {_shape_text(shape)}" if shape else "")
+            shape = seq[place]["shape"]
+            return f"rank {r} called {seq[place]['op']}" + (f" on {_shape_text(shape)}" if shape else "") + \
+                f" at {seq[place]['site']}"
 
+        site = (sequence if place < len(sequence) else reference)[place]["site"] if place < max(
+            len(sequence), len(reference)) else None
         return [Finding("collectives-differ", (
             f"the ranks' collectives part at call #{place + 1}: {call(reference, reference_rank)}, "
             f"{call(sequence, rank)}; every rank must make the same collectives in the same order with the same"
-            " shapes, or the job hangs or fails (lessons 11 and 11b)"))]
+            " shapes, or the job hangs or fails (lessons 11 and 11b)"), site)]
     return []
 
 
@@ -213,21 +353,271 @@ def _shape_text(shape) -> str:
     return f"{len(shape)} tensors"
 
 
-def main(argv: list[str]) -> int:
-    """python -m lessons doctor SCRIPT -n N [--timeout S] [-- ARGS]"""
-    import argparse
+def _unequal_batches(trained: dict[int, dict]) -> list[Finding]:
+    keys = sorted({k for ps in trained.values() for k in ps}, key=lambda k: (k[0], k[1]))
+    for key in keys:
+        have = {rank: ps[key] for rank, ps in trained.items() if key in ps}
+        done = {rank: p.batches for rank, p in have.items() if p.ended}
+        for short, n in sorted(done.items(), key=lambda item: item[1]):
+            longer = [(rank, p.batches) for rank, p in have.items() if p.batches > n]
+            if longer:
+                rank, m = longer[0]
+                return [Finding("unequal-batches", (
+                    f"rank {short} drew {n} batches in training pass {key[1]} of the loader made here, rank {rank}"
+                    f" {'drew ' + str(m) if have[rank].ended else 'was still drawing at batch ' + str(m)}: in"
+                    f" batch {n + 1} rank {rank}'s all-reduce waits for rank {short}, which has stopped: a hang"
+                    " until the collective's timeout, or a crash when it exits. Give every rank as many batches: a"
+                    " DistributedSampler (it pads the shards to one length), drop_last=True, or"
+                    " torch.distributed.algorithms.Join (lesson 11b)"), key[0])]
+    return []
 
-    own, _, script_args = argv, None, []
+
+def _same_samples(trained, samplers, nproc) -> list[Finding]:
+    if len(trained) < 2:
+        return []
+    reference_rank = min(trained)
+    for key, p in trained[reference_rank].items():
+        if p.indices is None:
+            continue
+        mine = set(p.indices)
+        for rank, ps in sorted(trained.items()):
+            other = ps.get(key)
+            if rank == reference_rank or other is None or other.indices is None or \
+                    other.loader["dataset"] != p.loader["dataset"] or not mine or not other.indices:
+                continue
+            shared = len(mine & set(other.indices)) / min(len(mine), len(set(other.indices)))
+            if shared <= SAME_SAMPLES:
+                continue
+            sampler = samplers[reference_rank].get(p.loader["sampler"])
+            how = f"ranks {reference_rank} and {rank} drew {shared:.0%} of their samples in common in training" \
+                  f" pass {key[1]}"
+            if sampler is None:
+                why = (f"the loader made here has no DistributedSampler ({p.loader['sampler_type']}): every rank"
+                       " trains on the whole data set, so an epoch is N passes over it, at N times the steps. Give"
+                       " it sampler=DistributedSampler(dataset) and drop shuffle=True (lesson 05)")
+            elif sampler["num_replicas"] != nproc:
+                why = (f"its DistributedSampler (made at {sampler['site']}) was given num_replicas="
+                       f"{sampler['num_replicas']} in a world of {nproc}: leave num_replicas and rank out, and the"
+                       " sampler takes them from the process group (lesson 05)")
+            else:
+                why = (f"its DistributedSampler (made at {sampler['site']}) has rank={sampler['rank']} on more than"
+                       " one rank: leave rank out, or pass dist.get_rank() (lesson 05)")
+            return [Finding("same-samples", f"{how}: {why}", p.loader["site"])]
+    return []
+
+
+def _datasets_differ(events) -> list[Finding]:
+    seen = {}  # site -> {rank: fingerprint}, for the loaders with a DistributedSampler
+    for rank, evs in events.items():
+        samplers = {e["sampler"] for e in evs if e["event"] == "sampler"}
+        for e in evs:
+            if e["event"] == "loader" and e["sampler"] in samplers:
+                seen.setdefault(e["site"], {}).setdefault(rank, e["dataset"])
+    for site, prints in seen.items():
+        if len(set(prints.values())) > 1:
+            return [Finding("datasets-differ", (
+                "the data set behind this loader differs between ranks (an unseeded random_split, or data drawn"
+                " at random on each rank), so its DistributedSampler gives each rank a shard of a different data"
+                " set: some samples are trained twice, some never, and test samples can leak into training. Make"
+                " it the same everywhere: random_split(..., generator=torch.Generator().manual_seed(0)) (lesson 05)"),
+                site)]
+    return []
+
+
+def _sampler_epochs(passes, samplers) -> list[Finding]:
+    """Two training passes of a shuffling DistributedSampler at the same epoch: the same order twice."""
+    for rank in sorted(passes):
+        seen = {}  # (sampler site, seed, epoch) -> sampler id
+        for p in passes[rank]:
+            sampler = samplers[rank].get(p.loader["sampler"])
+            if not p.trained or sampler is None or not sampler["shuffle"] or p.epoch is None:
+                continue
+            key = (sampler["site"], sampler["seed"], p.epoch)
+            if key not in seen:
+                seen[key] = sampler["sampler"]
+            elif seen[key] == sampler["sampler"]:
+                return [Finding("no-set-epoch", (
+                    f"this DistributedSampler(shuffle=True) fed two training passes at the same epoch ({p.epoch}):"
+                    " call sampler.set_epoch(epoch) before each epoch, or every epoch sees the same order (lesson"
+                    " 05)"), sampler["site"])]
+            else:
+                return [Finding("sampler-recreated", (
+                    f"a new DistributedSampler is made here for each epoch, each at epoch {p.epoch}: every epoch"
+                    " shuffles into the same order. Make it once, before the epochs, and call"
+                    " sampler.set_epoch(epoch) (lesson 05)"), sampler["site"])]
+    return []
+
+
+def _rank_from_local_rank(events) -> list[Finding]:
+    for rank, evs in sorted(events.items()):
+        for e in evs:
+            if e["event"] == "init" and e["rank_given"] is not None and e["rank_given"] != e["env_rank"]:
+                return [Finding("rank-from-local-rank", (
+                    f"init_process_group(rank={e['rank_given']}) on the process torchrun numbered RANK"
+                    f" {e['env_rank']} (LOCAL_RANK {e['local_rank']}): the global rank is RANK; LOCAL_RANK numbers"
+                    " the processes of one node and picks its GPU. On 2 nodes two processes then claim one rank:"
+                    " leave rank out (init_process_group reads RANK), or pass int(os.environ['RANK']) (lesson 10)"),
+                    e["site"])]
+    return []
+
+
+def _saves_and_loads(events, nproc) -> list[Finding]:
+    found = []
+    local = {rank: next((e["local_rank"] for e in evs if e["event"] == "init"), None) for rank, evs in
+             events.items()}
+    savers = {}
+    for rank, evs in sorted(events.items()):
+        for e in evs:
+            if e["event"] == "save":
+                savers.setdefault(e["path"], {}).setdefault(rank, e["site"])
+    for path, ranks in savers.items():
+        if len(ranks) > 1:
+            nodes = all(local[r] == 0 for r in ranks)  # several ranks with LOCAL_RANK 0: one per node
+            who = f"ranks {', '.join(map(str, sorted(ranks)))}" + (" (LOCAL_RANK 0 of each node)" if nodes else "")
+            found.append(Finding("save-on-every-rank", (
+                f"{who} all called torch.save({path!r}): they write one file at once, and it can end up torn."
+                " Save on the global rank 0 only (dist.get_rank() == 0, not LOCAL_RANK), then dist.barrier()"
+                " (lesson 07)"), ranks[min(ranks)]))
+    loads = [(rank, e) for rank, evs in sorted(events.items()) for e in evs if e["event"] == "load"]
+    if nproc > 1:
+        for rank, e in loads:
+            devices = [loc for loc in (e.get("saved_from") or []) if loc != "cpu"]
+            if e["map_location"] is None and devices:
+                found.append(Finding("load-without-map-location", (
+                    f"rank {rank}: torch.load({e['path']!r}) without map_location, of tensors saved from"
+                    f" {', '.join(devices)}: every rank puts them back there, all on one GPU (its memory, and a"
+                    " CUDA context of each rank on it). Pass map_location='cpu' or the rank's own device"
+                    " (lesson 07)"), e["site"]))
+                break
+        for rank, e in loads:
+            mapping = e["map_location"]["dict"] if isinstance(e["map_location"], dict) else None
+            devices = [loc for loc in (e.get("saved_from") or []) if loc != "cpu"]
+            if mapping is not None and (not mapping or devices and not set(devices) & set(mapping)):
+                found.append(Finding("map-location-maps-nothing", (
+                    f"rank {rank}: torch.load({e['path']!r}, map_location={mapping}) maps none of the locations the"
+                    f" file's tensors were saved from ({', '.join(devices) or 'cpu'}): they load where they were"
+                    " saved, as with no map_location. Pass the device itself: map_location='cpu', or"
+                    " f'cuda:{local_rank}' (lesson 07)"), e["site"]))
+                break
+    for rank, e in loads:
+        if e["weights_only"] is False:
+            found.append(Finding("weights-only-off", (
+                f"rank {rank}: torch.load({e['path']!r}, weights_only=False) runs any code pickled in the file;"
+                " save tensors and plain values, and load with weights_only=True (lesson 07)"), e["site"]))
+            break
+    return found
+
+
+# --- --compare: N ranks against one process with their batch ---------------------------------------------------
+
+def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Record | None) -> tuple[list[str], int]:
+    import torch
+
+    def cannot(why):
+        return [f"compare: no comparison: {why}"], 2
+
+    if record is None or many.error:
+        return cannot(f"the run on {nproc} ranks did not finish")
+    reference_rank = min(record.events)
+    training = [p for p in passes_of(record.events[reference_rank]) if p.trained]
+    if not training:
+        return cannot("no optimizer step inside a pass over a DataLoader (batches made by hand, or an iterable"
+                      " data set): the doctor can't give one process the ranks' batches")
+    counts = {}
+    for p in training:
+        counts[p.loader["site"]] = counts.get(p.loader["site"], 0) + p.batches
+    site = max(counts, key=counts.get)
+    loader = next(p.loader for p in training if p.loader["site"] == site)
+    per_rank = loader["batch_size"]
+    whole = per_rank * nproc
+    single, single_record = _run(script, 1, args, timeout, False, env, 1, {
+        "LESSONS_DOCTOR_COMPARE": "1", "LESSONS_DOCTOR_BATCH": json.dumps({"site": site, "batch": whole})})
+    if single_record is None or single.error:
+        return cannot(f"the run as one process did not finish: {single.error}")
+    asked = next((e["asked_batch_size"] for e in single_record.events[0] if e["event"] == "loader"
+                  and e["site"] == site), None)
+    flag = ("the script asked for it itself: its batch flag is global" if asked == whole else
+            f"the script asked for {asked} (its batch flag is per rank): the doctor gave it {whole}")
+    lines = [f"compare: batch: each rank's loader (made at {site}) drew {per_rank} a step, {whole} on {nproc}"
+             f" ranks; one process drew {whole}: {flag}"]
+    ranks_params, one_params = record.params.get(reference_rank, {}), single_record.params.get(0, {})
+    names = sorted(n for n in ranks_params if n.startswith("opt"))
+    if not names or names != sorted(n for n in one_params if n.startswith("opt")):
+        return cannot("the optimizers' parameters of the two runs don't match up (another model or optimizer on"
+                      " one process?)")
+    steps = [next((e["steps"] for e in r.events[min(r.events)] if e["event"] == "exit"), None)
+             for r in (record, single_record)]
+    scale = max(max(t.abs().max().item() for t in one_params.values() if t.numel()), 1.0)
+    tolerance = COMPARE_RTOL * scale
+    diff = max((ranks_params[n] - one_params[n]).abs().max().item() for n in names if one_params[n].numel())
+    same = diff <= tolerance and steps[0] == steps[1]
+    verdict = "train the same model" if same else "differ"
+    lines.append(f"compare: {nproc} ranks and one process {verdict}: largest parameter difference {diff:.2g}"
+                 f" (tolerance {tolerance:.0e}), after {steps[0]} steps on {nproc} ranks and {steps[1]} in one"
+                 " process")
+    if not same:
+        lines += _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch)
+    if any(next((e["rng_per_step"] for e in evs if e["event"] == "exit"), False) for r in (record, single_record)
+           for evs in r.events.values()):
+        lines.append("compare: note: the script draws random numbers during its steps (dropout, random"
+                     " augmentation, batches drawn at random): the ranks draw other numbers than one process, so the"
+                     " runs can differ without a mistake; switch them off to compare (model.eval() for dropout)")
+    return lines, 0 if same else 1
+
+
+def _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch) -> list[str]:
+    reasons = []
+    if steps[0] != steps[1]:
+        reasons.append(f"compare: why: {steps[0]} optimizer steps on the ranks, {steps[1]} in one process: the"
+                       " ranks don't split the data (see the findings above), or the step count depends on the"
+                       " world size")
+    starts = [n for n in names if f"start.{n}" in ranks_params and f"start.{n}" in one_params]
+    if starts and any(not torch.equal(ranks_params[f"start.{n}"], one_params[f"start.{n}"]) for n in starts):
+        reasons.append("compare: why: the model starts from other weights on rank 0 than in one process (a seed"
+                       " that depends on the rank or the world size)")
+    elif starts and all(f"first.{n}" in ranks_params and f"first.{n}" in one_params for n in starts):
+        # The first step alone: from the same weights, its size is the gradient's (times the learning rate).
+        moved_ranks = sum((ranks_params[f"first.{n}"] - ranks_params[f"start.{n}"]).abs().sum().item() for n in starts)
+        moved_one = sum((one_params[f"first.{n}"] - one_params[f"start.{n}"]).abs().sum().item() for n in starts)
+        if moved_ranks > 0 and abs(moved_one / moved_ranks - nproc) < 0.1 * nproc:
+            reasons.append(f"compare: why: one process's first step moved the weights {moved_one / moved_ranks:.2f}"
+                           f" times as far as the {nproc} ranks' first step: a loss summed over the batch (DDP"
+                           " averages the ranks' gradients, so each rank's sum counts 1/N): divide the sum by the"
+                           " global batch size, or use the mean")
+    return reasons
+
+
+# --- The command line -------------------------------------------------------------------------------------------
+
+def main(argv: list[str]) -> int:
+    """python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]"""
+    import argparse
+    import sys
+
+    own, script_args = argv, []
     if "--" in argv:
         cut = argv.index("--")
         own, script_args = argv[:cut], argv[cut + 1:]
-    parser = argparse.ArgumentParser(prog="python -m lessons doctor",
-                                     description="Run SCRIPT under torchrun with the DDP doctor's instruments.")
-    parser.add_argument("script")
-    parser.add_argument("-n", "--nproc", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=300, help="seconds; 0 for none")
-    options = parser.parse_args(own)
-    report = doctor(options.script, nproc=options.nproc, args=script_args,
-                    timeout=options.timeout or None)
+    parser = argparse.ArgumentParser(
+        prog="python -m lessons doctor", usage=USAGE,
+        description="Run SCRIPT under torchrun with the DDP doctor's instruments, and report the classic DDP"
+                    " mistakes it made, each with its file:line. Exit status: 0 nothing found, 1 something found,"
+                    " 2 the script did not run to the end; with --compare, 0 the same model, 1 not, 2 no"
+                    " comparison.",
+        epilog="The script's own arguments go after --, e.g. python -m lessons doctor train.py -n 2 -- --epochs 2")
+    parser.add_argument("script", help="the training script, as you would give it to torchrun")
+    parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks (per node), default 2")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds for the launch; 0 for none")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run it as one process with the ranks' batch, and compare the trained parameters")
+    parser.add_argument("--nodes", type=int, default=1, help="torchrun agents on this machine, as K nodes would")
+    options, unknown = parser.parse_known_args(own)
+    if unknown:
+        print(f"doctor: {' '.join(unknown)} is not the doctor's: the script's own arguments go after --, as in"
+              f" python -m lessons doctor {options.script} -n {options.nproc} -- {' '.join(unknown)}",
+              file=sys.stderr)
+        return 2
+    report = doctor(options.script, nproc=options.nproc, args=script_args, timeout=options.timeout or None,
+                    compare=options.compare, nodes=options.nodes)
     print(report)
     return report.status

@@ -1,9 +1,11 @@
-"""The DDP doctor (lessons/doctor.py): each code fires on its planted mistake and is silent on the fix.
+"""The DDP doctor (lessons/doctor.py): each code fires on its planted mistake, and is silent on correct code.
 
-tests/scripts/doctor/seven_mistakes.py has all seven mistakes (with --fixed, none: a twin to try by hand). One
-launch fires the seven codes; silence on real launches is lesson 14's fixed script (it saves once and loads with
-map_location and weights_only=True) and tests/test_template.py's template under the doctor; each code alone, and
-the clean record, are checked here on what two ranks record, without a launch.
+Real launches: tests/scripts/doctor/mistakes_then_crash.py (five mistakes, then a crash: exit 2, the failing rank's
+file:line, no finding invented from the crash); tests/scripts/doctor/data_mistakes.py with data mistakes planted, on
+two nodes, and under --compare, where its correct version (with what a careless tool takes for mistakes) must give
+no finding. Lesson 14b runs its own scripts (the classic mistakes and their fixes, separate models, --compare on a
+per-rank batch and on a summed loss): those launches are not repeated here. Each code alone is also checked on what
+two ranks record, without a launch.
 """
 import json
 import os
@@ -14,35 +16,105 @@ import pytest
 
 import lessons
 from conftest import FIXTURES, ROOT
-from lessons.doctor import CODES, SITE_DIR, examine
+from lessons.doctor import CODES, SITE_DIR, USAGE, examine
 
-SEVEN = FIXTURES / "doctor" / "seven_mistakes.py"
+CRASH = FIXTURES / "doctor" / "mistakes_then_crash.py"
+DATA = FIXTURES / "doctor" / "data_mistakes.py"
 
 
 def doctor_command(*args, env=None):
     return subprocess.run([sys.executable, "-m", "lessons", "doctor", *map(str, args)], cwd=ROOT, text=True,
-                          capture_output=True, env={**os.environ, **(env or {})}, timeout=200)
+                          capture_output=True, env={**os.environ, **(env or {})}, timeout=300)
 
 
-def test_every_code_fires_on_its_mistake(tmp_path, launch_env):
-    done = doctor_command(SEVEN, "-n", "2", "--", tmp_path / "ckpt.pt", env=launch_env)
-    assert done.returncode == 1, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert [line.split(":", 1)[0] for line in lines if not line.startswith("the script")] == list(CODES), lines
+def codes_of(stdout):
+    return [line.split(":", 1)[0] for line in stdout.splitlines() if line.split(":", 1)[0] in CODES]
+
+
+def test_mistakes_then_a_crash(tmp_path, launch_env):
+    done = doctor_command(CRASH, "-n", "2", "--", tmp_path / "ckpt.pt", env=launch_env)
+    assert done.returncode == 2, done.stdout + done.stderr  # it crashed: 2, whatever was found before
+    assert codes_of(done.stdout) == ["collectives-differ", "params-diverged", "no-set-epoch", "save-on-every-rank",
+                                     "weights-only-off"], done.stdout  # most serious first; no no-destroy
     text = done.stdout
-    assert f"ranks 0, 1 all called torch.save('{tmp_path / 'ckpt.pt'}')" in text  # the path and the ranks
-    assert "largest difference 0.5 in weight (rank 1 vs rank 0)" in text  # the parameter and its difference
-    assert "part at call #3: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # where they part
-    assert "rank 1 called all_reduce on a float32 tensor of shape (2,)" in text
-    assert "cuda:0" in text  # what a load without map_location costs on GPUs
+    assert "no-set-epoch: tests/scripts/doctor/mistakes_then_crash.py:23: " in text  # the sampler's own line
+    assert f"ranks 0, 1 all called torch.save('{tmp_path / 'ckpt.pt'}')" in text
+    assert "largest difference 0.5 (rank 1 vs rank 0, parameter weight)" in text
+    assert "part at call #3: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # Join's own
+    assert "rank 1 called all_reduce on a float32 tensor of shape (2,)" in text  # all-reduces are not counted
+    assert "load-without-map-location" not in text  # the file holds CPU tensors: map_location changes nothing
+    assert "the script did not run to the end: rank 0 failed at tests/scripts/doctor/mistakes_then_crash.py:52:" \
+        in text
 
 
-def test_a_script_that_cannot_run_is_status_2():
-    done = doctor_command(ROOT / "no_such_script.py", "-n", "2")
-    assert (done.returncode, done.stdout.strip()) == (2, f"the script did not run to the end: no such script: "
-                                                         f"{ROOT / 'no_such_script.py'}")
-    assert lessons.doctor(SEVEN, nproc=0).status == 2  # bad input: one line, no launch
+@pytest.mark.parametrize("mistakes, expected, status", [
+    # four that don't interfere; no-ddp with a checkpoint: rank 0's weights loaded by all, equal at exit
+    ("no-ddp,unseeded-split,sampler-per-epoch,map-location-empty",
+     ["separate-models", "datasets-differ", "sampler-recreated", "map-location-maps-nothing"], 1),
+    ("unequal-shards", ["unequal-batches"], 2),  # rank 1 stops a batch early, and rank 0 then fails
+])
+def test_data_mistakes(mistakes, expected, status, tmp_path, launch_env):
+    checkpoint = [] if mistakes == "unequal-shards" else ["--checkpoint", tmp_path / "ckpt.pt"]
+    done = doctor_command(DATA, "-n", "2", "--", "--mistakes", mistakes, *checkpoint, env=launch_env)
+    assert (done.returncode, codes_of(done.stdout)) == (status, expected), done.stdout + done.stderr
+    assert all(line.split(": ", 2)[1].startswith("tests/scripts/doctor/data_mistakes.py:")
+               for line in done.stdout.splitlines() if line.split(":", 1)[0] in CODES)  # each names its line
+
+
+def test_two_nodes_find_what_local_rank_breaks(tmp_path, launch_env):
+    """--nodes 2: two torchrun agents, one rank each, so LOCAL_RANK is 0 on both while RANK is 0 and 1."""
+    done = doctor_command(DATA, "-n", "1", "--nodes", "2", "--", "--mistakes",
+                          "sampler-from-local-rank,save-on-local-rank-0", "--checkpoint", tmp_path / "ckpt.pt",
+                          env=launch_env)
+    assert (done.returncode, codes_of(done.stdout)) == (1, ["same-samples", "save-on-every-rank"]), done.stdout
+    assert "has rank=0 on more than one rank" in done.stdout
+    assert "ranks 0, 1 (LOCAL_RANK 0 of each node) all called torch.save" in done.stdout
+
+
+@pytest.mark.parametrize("nproc, args, status, expected", [
+    # a correct script with a global batch flag, at an odd world size; and what a careless tool takes for mistakes
+    (3, ["--global-batch", "--batch", "24"], 0, [
+        "no findings\n"
+        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:56) drew 8 a step, 24 on"
+        " 3 ranks; one process drew 24: the script asked for it itself: its batch flag is global\n",
+        "compare: 3 ranks and one process train the same model: largest parameter difference"]),
+    (2, ["--mistakes", "no-sampler"], 1, [
+        "same-samples: tests/scripts/doctor/data_mistakes.py:49: ranks 0 and 1 drew 100% of their samples",
+        "the script asked for 8 (its batch flag is per rank): the doctor gave it 16",
+        "compare: 2 ranks and one process differ:",
+        "compare: why: 24 optimizer steps on the ranks, 12 in one process"]),
+])
+def test_compare(nproc, args, status, expected, launch_env):
+    """A per-rank batch flag on a correct script, and a summed loss, are lesson 14b's runs; not repeated here."""
+    done = doctor_command(DATA, "-n", nproc, "--compare", "--", *args, env=launch_env)
+    assert done.returncode == status, done.stdout + done.stderr
+    for text in expected:
+        assert text in done.stdout, (text, done.stdout)
+
+
+def test_the_command_line_says_what_it_takes():
+    """--help shows the usage; a script's argument given before -- gets one line that shows where it goes."""
+    done = doctor_command("--help")
+    assert done.returncode == 0 and done.stdout.startswith(f"usage: {USAGE}\n"), done.stdout
+    mistaken = doctor_command(DATA, "-n", "2", "--epochs", "2")
+    assert (mistaken.returncode, mistaken.stdout) == (2, "")
+    assert mistaken.stderr == (f"doctor: --epochs 2 is not the doctor's: the script's own arguments go after --, as in"
+                               f" python -m lessons doctor {DATA} -n 2 -- --epochs 2\n")
+    missing = doctor_command(ROOT / "no_such_script.py", "-n", "2")
+    assert (missing.returncode, missing.stdout.strip()) == (2, f"the script did not run to the end: no such script: "
+                                                               f"{ROOT / 'no_such_script.py'}")
+    assert lessons.doctor(CRASH, nproc=0).status == 2  # bad input: one line, no launch
     assert subprocess.run([sys.executable, "-m", "lessons", "cure"], cwd=ROOT, capture_output=True).returncode == 2
+
+
+def test_a_script_that_spawns_its_own_ranks_is_named_at_once(tmp_path, launch_env):
+    script = tmp_path / "spawns.py"
+    script.write_text("import torch.multiprocessing as mp\n\n\ndef main(rank):\n    pass\n\n\n"
+                      "if __name__ == '__main__':\n    mp.spawn(main, nprocs=2)\n")
+    report = lessons.doctor(script, nproc=1, env=launch_env, timeout=120)
+    assert report.status == 2
+    assert report.error.startswith(f"{script}:9: the script starts its own ranks (torch.multiprocessing.spawn)"), \
+        report.error
 
 
 @pytest.mark.parametrize("extra", [{}, {"RANK": "0", "LOCAL_RANK": "0", "LESSONS_DOCTOR_RANK_PID": "1"}])
@@ -55,65 +127,114 @@ def test_the_instruments_are_inert_outside_a_rank(tmp_path, extra):
     assert (done.returncode, done.stdout, list(tmp_path.iterdir())) == (0, "False\n", [])
 
 
+# --- Each code alone, on what two ranks record ---------------------------------------------------------------
+
 def write_events(tmp_path, per_rank):
     for rank, events in per_rank.items():
         (tmp_path / f"rank{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
 
 
-def test_collectives_differ_in_count_names_the_missing_call(tmp_path):
-    """A hang: rank 1 was killed inside call #2, which rank 0 never made. What the ranks wrote as they went."""
-    call = {"event": "collective", "op": "all_reduce", "shape": [[4], "float32"]}
-    write_events(tmp_path, {0: [call], 1: [call, {**call, "op": "barrier", "shape": None}]})
-    [finding] = examine(tmp_path, 2)
-    assert finding.code == "collectives-differ"
-    assert "part at call #2: rank 0 made no call #2 (1 collectives in all), rank 1 called barrier;" in finding.message
-    write_events(tmp_path, {0: [call], 1: [call]})
-    assert examine(tmp_path, 2) == []  # the control: the same sequence
+def training_pass(loader, number, batches, steps, epoch=None, indices=None, ended=True):
+    """The events of one pass over a loader during which the optimizer stepped once a batch."""
+    events = [{"event": "pass", "loader": loader, "number": number, "steps": steps, "epoch": epoch}]
+    events += [{"event": "batch", "loader": loader, "number": number, "n": n + 1, "steps": steps + n}
+               for n in range(batches)]
+    if ended:
+        events.append({"event": "pass_end", "loader": loader, "number": number, "batches": batches,
+                       "steps": steps + batches, "indices": indices})
+    return events
 
 
-def test_set_epoch_with_the_same_value_twice_is_found(tmp_path):
-    """set_epoch(0) every epoch is the same mistake as no set_epoch; set_epoch(epoch) is not; nor is shuffle=False."""
-    it = {"event": "sampler_iter", "sampler": 1, "shuffle": True}
-    write_events(tmp_path, {0: [{**it, "epoch": 0}, {**it, "epoch": 0}], 1: []})
-    assert [f.code for f in examine(tmp_path, 2)] == ["no-set-epoch"]
-    write_events(tmp_path, {0: [{**it, "epoch": 0}, {**it, "epoch": 1}, {**it, "sampler": 2, "shuffle": False,
-                                                                         "epoch": 0},
-                                {**it, "sampler": 2, "shuffle": False, "epoch": 0}], 1: []})
-    assert examine(tmp_path, 2) == []
+def clean_run(rank):
+    """What rank RANK of a correct 2-rank run records: a sampler, its loader, two epochs, a save and a load."""
+    sampler = {"event": "sampler", "sampler": 1, "site": "t.py:5", "num_replicas": 2, "rank": rank,
+               "shuffle": True, "seed": 0, "drop_last": False, "dataset": "d", "length": 8}
+    loader = {"event": "loader", "loader": 2, "site": "t.py:6", "batch_size": 2, "asked_batch_size": 2,
+              "sampler": 1, "sampler_type": "DistributedSampler", "dataset": "d", "length": 8}
+    mine = [rank, rank + 2] if rank < 2 else [0, 2]
+    return [{"event": "init", "site": "t.py:3", "rank_given": None, "env_rank": rank, "local_rank": rank,
+             "world_size": 2}, sampler, loader, {"event": "wrapper", "kind": "DistributedDataParallel",
+                                                 "site": "t.py:7"},
+            *training_pass(2, 1, 2, 0, epoch=0, indices=mine), *training_pass(2, 2, 2, 2, epoch=1, indices=mine),
+            {"event": "collective", "op": "all_reduce", "shape": [[3], "float32"], "site": "t.py:9", "steps": 4},
+            *([{"event": "save", "path": "ckpt.pt", "site": "t.py:10", "devices": ["cpu"]}] if rank == 0 else []),
+            {"event": "load", "path": "ckpt.pt", "site": "t.py:11", "map_location": "cpu", "weights_only": True,
+             "saved_from": None},
+            {"event": "exit", "initialized": False, "steps": 4, "optimizers": 1, "ddp_modules": 1,
+             "rng_per_step": False}]
 
 
 def one_mistake(code, tmp_path):
     """What two ranks record for a clean run, with exactly one mistake planted: the doctor's input, no launch."""
     import torch
 
-    it = {"event": "sampler_iter", "sampler": 1, "shuffle": True}
-    call = {"event": "collective", "op": "all_reduce", "shape": [[3], "float32"]}
-    clean = {rank: [{**it, "epoch": 0}, {**it, "epoch": 1}, call,
-                    *([{"event": "save", "path": "ckpt.pt"}] if rank == 0 else []),
-                    {"event": "load", "path": "ckpt.pt", "map_location": True, "weights_only": True},
-                    {"event": "exit", "initialized": False, "ddp_modules": 1}] for rank in (0, 1)}
+    runs = {rank: clean_run(rank) for rank in (0, 1)}
     weights = {rank: {"ddp0.weight": torch.ones(2, 2)} for rank in (0, 1)}
-    if code == "no-set-epoch":
-        clean[0][1]["epoch"] = clean[1][1]["epoch"] = 0
-    elif code == "save-on-every-rank":
-        clean[1].insert(3, {"event": "save", "path": "ckpt.pt"})
-    elif code == "load-without-map-location":
-        clean[1][-2]["map_location"] = False
-    elif code == "weights-only-off":
-        clean[1][-2]["weights_only"] = False
+
+    def find(rank, kind):
+        return next(e for e in runs[rank] if e["event"] == kind)
+
+    if code == "separate-models":
+        for rank in (0, 1):
+            runs[rank] = [e for e in runs[rank] if e["event"] != "wrapper"]
+        weights[1]["ddp0.weight"] = torch.full((2, 2), 2.0)
+    elif code == "collectives-differ":
+        find(1, "collective")["shape"] = [[2], "float32"]
+    elif code == "unequal-batches":
+        runs[1] = runs[1][:4] + training_pass(2, 1, 1, 0, epoch=0, indices=[1]) + runs[1][4 + 4:]
+    elif code == "same-samples":
+        for e in runs[1]:
+            if e["event"] == "pass_end":
+                e["indices"] = [0, 2]
+    elif code == "datasets-differ":
+        find(1, "loader")["dataset"] = "e"
     elif code == "params-diverged":
         weights[1]["ddp0.weight"] = torch.tensor([[1.0, 1.0], [1.0, 1.25]])
-    elif code == "collectives-differ":
-        clean[1][2] = {**call, "shape": [[2], "float32"]}
+    elif code == "no-set-epoch":
+        for rank in (0, 1):
+            next(e for e in runs[rank] if e["event"] == "pass" and e["number"] == 2)["epoch"] = 0
+    elif code == "sampler-recreated":
+        for rank in (0, 1):
+            runs[rank].insert(8, {**find(rank, "sampler"), "sampler": 3})
+            runs[rank].insert(9, {**find(rank, "loader"), "loader": 4, "sampler": 3})
+            for e in runs[rank]:
+                if e.get("loader") == 2 and e.get("number") == 2:
+                    e.update(loader=4, number=1)
+            next(e for e in runs[rank] if e["event"] == "pass" and e["loader"] == 4)["epoch"] = 0
+    elif code == "rank-from-local-rank":
+        find(1, "init")["rank_given"] = 0
+    elif code == "save-on-every-rank":
+        runs[1].insert(-2, {"event": "save", "path": "ckpt.pt", "site": "t.py:10", "devices": ["cpu"]})
+    elif code == "load-without-map-location":
+        find(1, "load").update(map_location=None, saved_from=["cuda:0"])
+    elif code == "map-location-maps-nothing":
+        find(1, "load").update(map_location={"dict": {"cuda:1": "cuda:0"}}, saved_from=["cuda:0"])
+    elif code == "weights-only-off":
+        find(1, "load")["weights_only"] = False
     elif code == "no-destroy":
-        clean[0][-1]["initialized"] = clean[1][-1]["initialized"] = True
-    write_events(tmp_path, clean)
+        find(0, "exit")["initialized"] = find(1, "exit")["initialized"] = True
+    write_events(tmp_path, runs)
     for rank, tensors in weights.items():
         torch.save(tensors, tmp_path / f"rank{rank}.params.pt")
 
 
 @pytest.mark.parametrize("code", [None, *CODES])
 def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
-    """The launches above plant all seven at once; here each alone, so no code fires because of another's mistake."""
+    """The launches above plant several at once; here each alone, so no code fires because of another's mistake."""
     one_mistake(code, tmp_path)
     assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
+
+
+def test_what_is_not_a_mistake_stays_silent(tmp_path):
+    """The controls of the codes a careless rule would fire on: a load without map_location of a file saved from
+    the CPU; a second pass at the same epoch in which the optimizer never stepped (evaluation); a crashed run's
+    missing calls and missing destroy."""
+    runs = {rank: clean_run(rank) for rank in (0, 1)}
+    for rank in (0, 1):
+        next(e for e in runs[rank] if e["event"] == "load").update(map_location=None, saved_from=["cpu"])
+        runs[rank][-1:-1] = [{"event": "pass", "loader": 2, "number": 3, "steps": 4, "epoch": 1},
+                             {"event": "batch", "loader": 2, "number": 3, "n": 1, "steps": 4}]
+        runs[rank][-1]["initialized"] = True
+    runs[1] = [e for e in runs[1] if e["event"] != "collective"]  # rank 1 crashed before its last call
+    write_events(tmp_path, runs)
+    assert examine(tmp_path, 2, crashed=True) == []

@@ -2,17 +2,32 @@
 
 The doctor puts this directory first on the ranks' PYTHONPATH, so Python imports this file at start-up, before the
 script. It records what the rank does into LESSONS_DOCTOR_DIR/rank<R>.jsonl, one JSON event per line, written as it
-happens (a rank that hangs and is killed has still written its collectives). It is inert in torchrun's agent (no
-RANK), without LESSONS_DOCTOR_DIR, and in any process a rank starts (DataLoader workers, compile workers).
+happens (a rank that hangs and is killed has still written what it did). Every event names the script's line that
+caused it ("site": the first frame outside torch and this file). It is inert in torchrun's agent (no RANK), without
+LESSONS_DOCTOR_DIR, and in any process a rank starts (DataLoader workers, compile workers).
+
+What it records, and why (lessons/doctor.py turns it into findings):
+- samplers and loaders as they are made (the data set's fingerprint, num_replicas, rank, the batch size), and each
+  pass over a loader with the indices it drew: which ranks trained on which samples, at which epoch;
+- optimizer steps, counted in every batch event: a pass during which the optimizer stepped is a *training* pass
+  (an evaluation pass, or an extra next(iter(loader)), is not);
+- the script's own collectives (not torch's internal ones), saves, loads (with where the file's tensors were saved
+  from), init_process_group's rank, DDP/FSDP wrappers, mp.spawn;
+- at exit, every optimizer's parameters (and each DDP module's), to compare between ranks and with one process.
 """
 import os
+import sys
+
+_THIS_FILE = os.path.abspath(__file__)
+INDICES_PER_PASS = 200_000  # the indices kept of one pass: enough to compare ranks, bounded for a huge data set
+RECORDED_PASSES = 4  # per loader site: the first passes are enough to see who drew what
 
 
 def _install(out_dir, rank):
     import atexit
-    import json
-
     import gc
+    import hashlib
+    import json
 
     import torch
     import torch.distributed as dist
@@ -20,40 +35,239 @@ def _install(out_dir, rank):
     # script's rare abort at exit (a gloo thread meeting Python's shutdown) never fails the doctor's launch. Imported
     # here, before the script's init_process_group; the garbage is collected in at_exit below.
     import torch.distributed.nn  # noqa: F401
+    import torch.optim.optimizer as optimizer_module
+    import torch.utils.data.dataloader as dataloader_module
     from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DistributedSampler
+    from torch.utils.data import DataLoader, DistributedSampler
 
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     log = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a", buffering=1)  # line-buffered: survives a kill
+    state = {"steps": 0, "objects": 0, "last_rng": None, "new_pass": True, "rng_per_step": False}
 
-    def event(kind, **fields):
-        log.write(json.dumps({"event": kind, **fields}) + "\n")
+    def event(what, **fields):
+        log.write(json.dumps({"event": what, **fields}) + "\n")
 
-    # no-set-epoch: which epoch each shuffling sampler was at, every time an iteration over it starts.
-    original_iter = DistributedSampler.__iter__
+    def site(skip_torch=True):
+        """file:line of the first frame that is the script's (or a library's), not torch's or this file's."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = os.path.abspath(frame.f_code.co_filename)
+            if name != _THIS_FILE and not (skip_torch and name.startswith(torch_dir)) \
+                    and not frame.f_code.co_filename.startswith("<frozen"):
+                try:
+                    shown = os.path.relpath(name)
+                except ValueError:
+                    shown = name
+                return f"{name if shown.startswith('..') else shown}:{frame.f_lineno}"
+            frame = frame.f_back
+        return "?"
 
-    def sampler_iter(self):
-        event("sampler_iter", sampler=id(self), shuffle=bool(self.shuffle), epoch=int(self.epoch))
-        return original_iter(self)
+    def called_from_torch():
+        """True when the caller of our wrapper is torch itself (SyncBatchNorm, DDP's join, DCP...)."""
+        frame = sys._getframe(2)
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(torch_dir)
 
-    DistributedSampler.__iter__ = sampler_iter
+    def new_id():
+        state["objects"] += 1
+        return state["objects"]
 
-    # save-on-every-rank, load-without-map-location, weights-only-off.
-    original_save, original_load = torch.save, torch.load
+    # --- data: data sets, samplers, loaders, passes -------------------------------------------------------------
+    def digest_tensor(t, h):
+        t = t.detach()
+        h.update(str((tuple(t.shape), str(t.dtype))).encode())
+        flat = t.reshape(-1)[: 1 << 18].cpu().contiguous()  # the first 256k elements: enough to tell data sets apart
+        h.update(flat.view(torch.uint8).numpy().tobytes() if flat.dtype != torch.bool else flat.numpy().tobytes())
 
-    def save(obj, f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)):  # a buffer in memory is nobody's file
-            event("save", path=os.fspath(f))  # as the script names it: the ranks share a directory
-        return original_save(obj, f, *args, **kwargs)
+    def fingerprint(dataset, depth=0):
+        """What identifies a data set without reading samples (which could draw random augmentations)."""
+        if depth > 5:
+            return type(dataset).__name__
+        h = hashlib.sha256(type(dataset).__name__.encode())
+        try:
+            h.update(str(len(dataset)).encode())
+        except Exception:  # noqa: BLE001  an iterable data set has no length
+            pass
+        if isinstance(dataset, torch.utils.data.Subset):
+            h.update(json.dumps([int(i) for i in dataset.indices]).encode())
+            h.update(fingerprint(dataset.dataset, depth + 1).encode())
+        elif isinstance(dataset, torch.utils.data.TensorDataset):
+            for t in dataset.tensors:
+                digest_tensor(t, h)
+        elif isinstance(dataset, torch.utils.data.ConcatDataset):
+            for d in dataset.datasets:
+                h.update(fingerprint(d, depth + 1).encode())
+        return h.hexdigest()[:16]
 
-    def load(f, map_location=None, *args, weights_only=None, **kwargs):
-        where = os.fspath(f) if isinstance(f, (str, os.PathLike)) else "<a file object>"
-        event("load", path=where, map_location=map_location is not None, weights_only=weights_only)
-        return original_load(f, map_location, *args, weights_only=weights_only, **kwargs)
+    original_sampler_init = DistributedSampler.__init__
 
-    torch.save, torch.load = save, load
+    def sampler_init(self, dataset, *args, **kwargs):
+        original_sampler_init(self, dataset, *args, **kwargs)
+        self._doctor_id = new_id()
+        event("sampler", sampler=self._doctor_id, site=site(), num_replicas=int(self.num_replicas),
+              rank=int(self.rank), shuffle=bool(self.shuffle), seed=int(self.seed), drop_last=bool(self.drop_last),
+              dataset=fingerprint(dataset), length=len(dataset))
 
-    # collectives-differ: the script's own calls, as it makes them (torch's internal calls go through
-    # distributed_c10d's globals, which are left alone, so all_gather_object is one event, not two).
+    DistributedSampler.__init__ = sampler_init
+
+    override = json.loads(os.environ.get("LESSONS_DOCTOR_BATCH", "null"))  # --compare: {"site": s, "batch": b}
+    original_loader_init = DataLoader.__init__
+
+    def loader_init(self, dataset, *args, **kwargs):
+        where = site()
+        asked = kwargs.get("batch_size", args[0] if args else 1)
+        if override and where == override["site"] and asked is not None and asked != override["batch"]:
+            if args:
+                args = (override["batch"], *args[1:])
+            else:
+                kwargs["batch_size"] = override["batch"]
+        original_loader_init(self, dataset, *args, **kwargs)
+        self._doctor_id, self._doctor_passes = new_id(), 0
+        sampler = self.sampler if isinstance(self.sampler, DistributedSampler) else None
+        try:
+            length = len(dataset)
+        except Exception:  # noqa: BLE001
+            length = None
+        event("loader", loader=self._doctor_id, site=where, batch_size=self.batch_size, asked_batch_size=asked,
+              sampler=getattr(sampler, "_doctor_id", None), sampler_type=type(self.sampler).__name__,
+              batch_sampler=type(self.batch_sampler).__name__ if self.batch_sampler is not None else None,
+              dataset=fingerprint(dataset), length=length, drop_last=bool(self.drop_last))
+
+    DataLoader.__init__ = loader_init
+
+    original_iter_init = dataloader_module._BaseDataLoaderIter.__init__
+    original_next_index = dataloader_module._BaseDataLoaderIter._next_index
+    original_next = dataloader_module._BaseDataLoaderIter.__next__
+
+    def iter_init(self, loader, *args, **kwargs):
+        original_iter_init(self, loader, *args, **kwargs)
+        loader_id = getattr(loader, "_doctor_id", None)
+        if loader_id is None:
+            self._doctor = None
+            return
+        loader._doctor_passes += 1
+        sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
+        self._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
+                        "record": loader._doctor_passes <= RECORDED_PASSES}
+        state["new_pass"] = True
+        event("pass", loader=loader_id, number=loader._doctor_passes, site=site(), steps=state["steps"],
+              sampler=getattr(sampler, "_doctor_id", None), epoch=int(sampler.epoch) if sampler else None)
+
+    def next_index(self):
+        index = original_next_index(self)
+        doctor = getattr(self, "_doctor", None)
+        if doctor is not None and doctor["record"] and len(doctor["indices"]) < INDICES_PER_PASS:
+            try:  # a map-style data set's indices; an iterable one's are None, a custom sampler's anything
+                doctor["indices"].extend(int(i) for i in (index if isinstance(index, (list, tuple)) else [index]))
+            except (TypeError, ValueError):
+                doctor["record"], doctor["indices"] = False, []
+        return index
+
+    def next_batch(self):
+        doctor = getattr(self, "_doctor", None)
+        try:
+            batch = original_next(self)
+        except StopIteration:
+            if doctor is not None and not doctor.get("ended"):
+                doctor["ended"] = True
+                pass_end(doctor)
+            raise
+        if doctor is not None:
+            doctor["batches"] += 1
+            event("batch", loader=doctor["loader"], number=doctor["pass"], n=doctor["batches"], steps=state["steps"])
+        return batch
+
+    def pass_end(doctor):
+        indices = doctor["indices"] if doctor["record"] else None
+        event("pass_end", loader=doctor["loader"], number=doctor["pass"], batches=doctor["batches"],
+              steps=state["steps"], indices=indices)
+
+    dataloader_module._BaseDataLoaderIter.__init__ = iter_init
+    dataloader_module._BaseDataLoaderIter._next_index = next_index
+    dataloader_module._BaseDataLoaderIter.__next__ = next_batch
+
+    # --- optimizers: steps, and the parameters to compare at exit ---------------------------------------------
+    optimizers = []  # held: a model local to main() is gone by exit
+    original_optimizer_init = torch.optim.Optimizer.__init__
+
+    def optimizer_init(self, params, *args, **kwargs):
+        original_optimizer_init(self, params, *args, **kwargs)
+        if not hasattr(self, "_doctor_id"):  # a subclass's __init__ may call this more than once
+            self._doctor_id = new_id()
+            optimizers.append(self)
+            event("optimizer", optimizer=self._doctor_id, site=site(), kind=type(self).__name__)
+
+    torch.optim.Optimizer.__init__ = optimizer_init
+    first_params = {}
+
+    def before_step(optimizer, args, kwargs):
+        if os.environ.get("LESSONS_DOCTOR_COMPARE") and optimizer in optimizers and not first_params.get(id(optimizer)):
+            first_params[id(optimizer)] = [p.detach().float().cpu().clone() for g in optimizer.param_groups
+                                           for p in g["params"]]
+
+    after_first = {}
+
+    def after_step(optimizer, args, kwargs):
+        state["steps"] += 1
+        if os.environ.get("LESSONS_DOCTOR_COMPARE") and optimizer in optimizers and id(optimizer) not in after_first:
+            after_first[id(optimizer)] = [p.detach().float().cpu().clone() for g in optimizer.param_groups
+                                          for p in g["params"]]
+        rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()
+        if state["last_rng"] is not None and not state["new_pass"] and rng != state["last_rng"]:
+            if not state["rng_per_step"]:
+                state["rng_per_step"] = True
+                event("rng_per_step", site=site(), steps=state["steps"])
+        state["last_rng"], state["new_pass"] = rng, False
+
+    optimizer_module.register_optimizer_step_pre_hook(before_step)
+    optimizer_module.register_optimizer_step_post_hook(after_step)
+
+    # --- wrappers: DDP, FSDP ---------------------------------------------------------------------------------
+    wrapped = []
+    original_ddp_init = DistributedDataParallel.__init__
+
+    def ddp_init(self, module, *args, **kwargs):
+        original_ddp_init(self, module, *args, **kwargs)
+        wrapped.append(self.module)
+        event("wrapper", kind="DistributedDataParallel", site=site())
+
+    DistributedDataParallel.__init__ = ddp_init
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        original_fsdp_init = FullyShardedDataParallel.__init__
+
+        def fsdp_init(self, *args, **kwargs):
+            original_fsdp_init(self, *args, **kwargs)
+            event("wrapper", kind="FullyShardedDataParallel", site=site())
+
+        FullyShardedDataParallel.__init__ = fsdp_init
+    except Exception:  # noqa: BLE001  an old or a CPU-less build
+        pass
+    for module_name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            module = __import__(module_name, fromlist=["fully_shard"])
+            original_fully_shard = module.fully_shard
+        except Exception:  # noqa: BLE001
+            continue
+
+        def fully_shard(*args, _original=original_fully_shard, **kwargs):
+            if not called_from_torch():
+                event("wrapper", kind="fully_shard", site=site())
+            return _original(*args, **kwargs)
+
+        module.fully_shard = fully_shard
+
+    # --- the process group: the rank it was given, collectives, the end ---------------------------------------
+    original_init_group = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        given = kwargs.get("rank", args[4] if len(args) > 4 else -1)
+        event("init", site=site(), rank_given=None if given in (None, -1) else int(given),
+              env_rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
+              world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        return original_init_group(*args, **kwargs)
+
+    dist.init_process_group = init_process_group
+
     def describe(value):
         if isinstance(value, torch.Tensor):
             return [list(value.shape), str(value.dtype).replace("torch.", "")]
@@ -65,9 +279,10 @@ def _install(out_dir, rank):
         original = getattr(dist, name)
 
         def collective(*args, **kwargs):
-            first = args[0] if args else next(iter(kwargs.values()), None)
-            event("collective", op=name, shape=describe(first) if not name.endswith("_object")
-                  and not name.endswith("_object_list") else None)
+            if not called_from_torch():  # SyncBatchNorm, DDP's join, DCP: torch's own calls, not the script's
+                first = args[0] if args else next(iter(kwargs.values()), None)
+                event("collective", op=name, site=site(), shape=None if "_object" in name else describe(first),
+                      steps=state["steps"])
             return original(*args, **kwargs)
 
         collective.__wrapped__ = original
@@ -79,24 +294,98 @@ def _install(out_dir, rank):
         if hasattr(dist, name):
             instrument(name)
 
-    # params-diverged: every DDP-wrapped module, so its parameters can be written at exit.
-    wrapped = []
-    original_init = DistributedDataParallel.__init__
+    # --- files: who saves, and where a load puts the tensors ---------------------------------------------------
+    original_save, original_load = torch.save, torch.load
 
-    def ddp_init(self, module, *args, **kwargs):
-        original_init(self, module, *args, **kwargs)
-        wrapped.append(self.module)  # held: a model local to main() is gone by exit
+    def devices_in(obj, found, depth=0):
+        if isinstance(obj, torch.Tensor):
+            found.add(str(obj.device))
+        elif depth < 6 and isinstance(obj, dict):
+            for value in obj.values():
+                devices_in(value, found, depth + 1)
+        elif depth < 6 and isinstance(obj, (list, tuple)):
+            for value in obj:
+                devices_in(value, found, depth + 1)
+        return found
 
-    DistributedDataParallel.__init__ = ddp_init
+    def save(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):  # a buffer in memory is nobody's file
+            event("save", path=os.fspath(f), site=site(), devices=sorted(devices_in(obj, set())))
+        return original_save(obj, f, *args, **kwargs)
 
+    def saved_locations(f):
+        """Where the file's storages were saved from ("cpu", "cuda:0"), read with a map_location that only
+        records; None when the file can't be read so (not a path, not weights only)."""
+        if not isinstance(f, (str, os.PathLike)):
+            return None
+        seen = set()
+
+        def record(storage, location):
+            seen.add(location)
+            return storage
+
+        try:  # mmap: the storages are mapped, not read (a second read of a big file would cost its size)
+            original_load(f, map_location=record, weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001  an old (non-zip) file can't be mapped; one with objects isn't weights only
+            try:
+                seen.clear()
+                original_load(f, map_location=record, weights_only=True)
+            except Exception:  # noqa: BLE001
+                return None
+        return sorted(seen)
+
+    def map_location_text(map_location):
+        if map_location is None:
+            return None
+        if isinstance(map_location, dict):
+            return {"dict": {str(k): str(v) for k, v in map_location.items()}}
+        if callable(map_location) and not isinstance(map_location, (str, torch.device)):
+            return "a function"
+        return str(map_location)
+
+    def load(f, map_location=None, *args, weights_only=None, **kwargs):
+        where = os.fspath(f) if isinstance(f, (str, os.PathLike)) else "<a file object>"
+        event("load", path=where, site=site(), map_location=map_location_text(map_location),
+              weights_only=weights_only,
+              saved_from=saved_locations(f) if map_location is None or isinstance(map_location, dict) else None)
+        return original_load(f, map_location, *args, weights_only=weights_only, **kwargs)
+
+    torch.save, torch.load = save, load
+
+    # --- mp.spawn under torchrun: every rank would start its own world -----------------------------------------
+    import torch.multiprocessing as torch_mp
+
+    def refuse(name):
+        def spawn(*args, **kwargs):
+            event("spawn", site=site(), call=name)
+            raise RuntimeError(
+                f"DDP doctor: this script starts its own ranks ({name}) while torchrun has already started"
+                f" {os.environ.get('WORLD_SIZE', '?')}: run it with python (the doctor's torchrun can't), or drop"
+                " the spawn and read RANK, LOCAL_RANK and WORLD_SIZE from the environment")
+        return spawn
+
+    torch_mp.spawn, torch_mp.start_processes = refuse("torch.multiprocessing.spawn"), refuse("start_processes")
+
+    # --- at exit ----------------------------------------------------------------------------------------------
     def at_exit():
-        modules = wrapped
-        if modules:
-            params = {f"ddp{i}.{name}": p.detach().float().cpu() for i, m in enumerate(modules)
-                      for name, p in m.named_parameters()}
+        params = {}
+        for i, optimizer in enumerate(optimizers):
+            tensors = [p for g in optimizer.param_groups for p in g["params"]]
+            if any(type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor" for p in tensors):
+                continue  # shards: each rank holds its own part, nothing to compare
+            for j, p in enumerate(tensors):
+                params[f"opt{i}.{j}"] = p.detach().float().cpu()
+            for j, p in enumerate(first_params.get(id(optimizer), [])):
+                params[f"start.opt{i}.{j}"] = p
+            for j, p in enumerate(after_first.get(id(optimizer), [])):
+                params[f"first.opt{i}.{j}"] = p
+        for i, module in enumerate(wrapped):
+            for name, p in module.named_parameters():
+                params[f"ddp{i}.{name}"] = p.detach().float().cpu()
+        if params:
             original_save(params, os.path.join(out_dir, f"rank{rank}.params.pt"))
-        # no-destroy: a group still up at exit was never destroyed.
-        event("exit", initialized=dist.is_available() and dist.is_initialized(), ddp_modules=len(modules))
+        event("exit", initialized=dist.is_available() and dist.is_initialized(), steps=state["steps"],
+              optimizers=len(optimizers), ddp_modules=len(wrapped), rng_per_step=state["rng_per_step"])
         log.close()
         gc.collect()  # DDP's reference cycle, and the process group it holds, go while Python is still whole
 
