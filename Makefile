@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser slurm lab test cost stress gpu-check clean
+.PHONY: setup browser slurm lab test cost stress gpu-check compat clean
 
 setup: $(STAMP)
 
@@ -71,6 +71,11 @@ stress: setup
 # each such cell printed to notebooks/gpu_report.md (lessons/gpu_check.py). Without CUDA it says so and exits 0.
 gpu-check: setup
 	$(PY) -m lessons.gpu_check
+
+# The template, two exercise checks and the doctor on torch 2.4 and the newest torch, each in its own venv in
+# .compat/ with the course pip-installed as a learner would (uv's cache keeps the wheels). Not part of make test.
+compat: setup
+	$(PY) benchmarks/compat.py
 
 clean:
 	rm -rf $(VENV)

@@ -15,8 +15,9 @@ from pathlib import Path
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 # The tracks (README.md; tests/test_course_shape.py checks that the lessons' "Next" cells follow them).
 FAST = ["00_start_here", "04_ddp_training", "05_distributed_sampler", "07_checkpoints", "11_debugging",
-        "14_your_own_script", "13_training_loop", "13b_stopping_lr_and_compile"]
-SHORTEST = ["00_start_here", "14_your_own_script"]  # to your own script on N devices: the template and the doctor
+        "14_your_own_script", "14b_the_ddp_doctor", "13_training_loop", "13b_stopping_lr_and_compile"]
+# To your own script on N devices: the template, and the doctor.
+SHORTEST = ["00_start_here", "14_your_own_script", "14b_the_ddp_doctor"]
 WORDS_PER_MINUTE = 150  # technical prose, read to be used (200 is the pace of plain prose)
 CODE_LINES_PER_MINUTE = 10
 LAUNCH_MINUTES = 0.5  # the launch itself (4 to 10 s on a laptop), then reading what each rank printed
@@ -51,7 +52,7 @@ def main():
     for name, (lesson, exercise) in per_lesson.items():
         print(f"{lesson:6.0f} min  {name}" + (f"  (+ {exercise:.0f} min of exercise)" if exercise else ""))
     full = list(per_lesson)
-    for label, track in (("shortest route (00, 14)", SHORTEST), ("fast track", FAST), ("full track", full)):
+    for label, track in (("shortest route (00, 14, 14b)", SHORTEST), ("fast track", FAST), ("full track", full)):
         print(f"{label}: {hours(per_lesson, track):.1f} h with its exercises, "
               f"{hours(per_lesson, track, with_exercises=False):.1f} h without")
 

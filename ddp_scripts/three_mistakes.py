@@ -25,7 +25,7 @@ def main():
             optimizer.step()
         torch.save(model.module.state_dict(), checkpoint)
     dist.barrier()
-    model.module.load_state_dict(torch.load(checkpoint))  # the last checkpoint back, to evaluate it
+    model.module.load_state_dict(torch.load(checkpoint, weights_only=False))  # the last checkpoint, to evaluate
     print(f"rank {rank}: trained 3 epochs of {len(loader)} steps")
     dist.destroy_process_group()
 

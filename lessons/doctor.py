@@ -149,13 +149,18 @@ def _why_it_stopped(error: LaunchError) -> str:
                and "doctor_site" not in f and not f.startswith("<")]
         where = own[-1] if own else frames[-1] if frames else None
         if where:
-            name = where[0]
-            try:
-                name = os.path.relpath(name) if not os.path.relpath(name).startswith("..") else name
-            except ValueError:
-                pass
-            return f"rank {error.rank} failed at {name}:{where[1]}: {error.root_cause or message.splitlines()[0]}"
+            return (f"rank {error.rank} failed at {_shown_path(where[0])}:{where[1]}:"
+                    f" {error.root_cause or message.splitlines()[0]}")
     return error.root_cause or message.splitlines()[0]
+
+
+def _shown_path(name: str) -> str:
+    """As the ranks show their sites (doctor_site/sitecustomize.py): relative to here unless that climbs 2 folders."""
+    try:
+        relative = os.path.relpath(name)
+    except ValueError:
+        return name
+    return name if relative.startswith(os.path.join("..", "..")) else relative
 
 
 def read_record(out_dir: Path, nproc: int) -> Record:

@@ -10,7 +10,7 @@ from conftest import ROOT
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # The two tracks (README.md).
 FAST = ["00_start_here", "04_ddp_training", "05_distributed_sampler", "07_checkpoints", "11_debugging",
-        "14_your_own_script", "13_training_loop", "13b_stopping_lr_and_compile"]
+        "14_your_own_script", "14b_the_ddp_doctor", "13_training_loop", "13b_stopping_lr_and_compile"]
 FULL = sorted(nb.stem for nb in NOTEBOOKS if not nb.stem.startswith("99_")) + ["99_appendix_under_the_hood"]
 COURSE = set(FULL)
 

@@ -54,11 +54,7 @@ def _install(out_dir, rank):
             name = os.path.abspath(frame.f_code.co_filename)
             if name != _THIS_FILE and not (skip_torch and name.startswith(torch_dir)) \
                     and not frame.f_code.co_filename.startswith("<frozen"):
-                try:
-                    shown = os.path.relpath(name)
-                except ValueError:
-                    shown = name
-                return f"{name if shown.startswith('..') else shown}:{frame.f_lineno}"
+                return f"{shown_path(name)}:{frame.f_lineno}"
             frame = frame.f_back
         return "?"
 
@@ -78,8 +74,10 @@ def _install(out_dir, rank):
         flat = t.reshape(-1)[: 1 << 18].cpu().contiguous()  # the first 256k elements: enough to tell data sets apart
         h.update(flat.view(torch.uint8).numpy().tobytes() if flat.dtype != torch.bool else flat.numpy().tobytes())
 
-    def fingerprint(dataset, depth=0):
-        """What identifies a data set without reading samples (which could draw random augmentations)."""
+    def fingerprint(dataset, depth=0, read_samples=False):
+        """What identifies a data set: a Subset's indices, a TensorDataset's tensors; with read_samples, two of
+        its samples (for a loader without worker processes: a sample read here, before they fork, could open a
+        file the workers then share)."""
         if depth > 5:
             return type(dataset).__name__
         h = hashlib.sha256(type(dataset).__name__.encode())
@@ -89,14 +87,62 @@ def _install(out_dir, rank):
             pass
         if isinstance(dataset, torch.utils.data.Subset):
             h.update(json.dumps([int(i) for i in dataset.indices]).encode())
-            h.update(fingerprint(dataset.dataset, depth + 1).encode())
+            h.update(fingerprint(dataset.dataset, depth + 1, read_samples).encode())
         elif isinstance(dataset, torch.utils.data.TensorDataset):
             for t in dataset.tensors:
                 digest_tensor(t, h)
         elif isinstance(dataset, torch.utils.data.ConcatDataset):
             for d in dataset.datasets:
-                h.update(fingerprint(d, depth + 1).encode())
+                h.update(fingerprint(d, depth + 1, read_samples).encode())
+        elif read_samples and hasattr(dataset, "__getitem__") \
+                and not isinstance(dataset, torch.utils.data.IterableDataset):
+            h.update(samples_digest(dataset).encode())
         return h.hexdigest()[:16]
+
+    def digest_value(value, h, depth=0):
+        if isinstance(value, torch.Tensor):
+            digest_tensor(value, h)
+        elif depth < 4 and isinstance(value, (list, tuple)):
+            for v in value:
+                digest_value(v, h, depth + 1)
+        elif depth < 4 and isinstance(value, dict):
+            for k in sorted(value, key=str):
+                h.update(str(k).encode())
+                digest_value(value[k], h, depth + 1)
+        elif isinstance(value, (int, float, str, bytes, bool)) or value is None:
+            h.update(repr(value).encode())
+        elif hasattr(value, "tobytes"):  # a NumPy array, a PIL image
+            h.update(value.tobytes()[: 1 << 20])
+        else:
+            h.update(type(value).__name__.encode())
+
+    def samples_digest(dataset):
+        """The first and the last sample, each read twice: a sample that reads differently twice (a random
+        augmentation) can't tell data sets apart, and says nothing. The random states are put back as they were:
+        the script's own random numbers must not change because the doctor looked."""
+        import random
+        try:
+            length = len(dataset)
+        except Exception:  # noqa: BLE001
+            return ""
+        if not length:
+            return ""
+        numpy = sys.modules.get("numpy")
+        saved = (torch.get_rng_state(), random.getstate(), numpy.random.get_state() if numpy else None)
+        try:
+            reads = []
+            for index in (0, length - 1, 0, length - 1):
+                h = hashlib.sha256()
+                digest_value(dataset[index], h)
+                reads.append(h.hexdigest())
+        except Exception:  # noqa: BLE001  a sample that can't be read here (a missing file): say nothing
+            return ""
+        finally:
+            torch.set_rng_state(saved[0])
+            random.setstate(saved[1])
+            if numpy:
+                numpy.random.set_state(saved[2])
+        return "".join(reads[:2]) if reads[:2] == reads[2:] else ""
 
     original_sampler_init = DistributedSampler.__init__
 
@@ -130,7 +176,8 @@ def _install(out_dir, rank):
         event("loader", loader=self._doctor_id, site=where, batch_size=self.batch_size, asked_batch_size=asked,
               sampler=getattr(sampler, "_doctor_id", None), sampler_type=type(self.sampler).__name__,
               batch_sampler=type(self.batch_sampler).__name__ if self.batch_sampler is not None else None,
-              dataset=fingerprint(dataset), length=length, drop_last=bool(self.drop_last))
+              dataset=fingerprint(dataset, read_samples=self.num_workers == 0), length=length,
+              drop_last=bool(self.drop_last))
 
     DataLoader.__init__ = loader_init
 
@@ -390,6 +437,16 @@ def _install(out_dir, rank):
         gc.collect()  # DDP's reference cycle, and the process group it holds, go while Python is still whole
 
     atexit.register(at_exit)
+
+
+def shown_path(name):
+    """A path as the script's reader knows it: relative to the working directory (the script's own
+    "../ddp_scripts/x.py" too), absolute when that would climb more than one folder (a library's file, /tmp)."""
+    try:
+        relative = os.path.relpath(name)
+    except ValueError:  # another drive
+        return name
+    return name if relative.startswith(os.path.join("..", "..")) else relative
 
 
 def _activate():
