@@ -54,6 +54,7 @@ EXERCISES = {
                        ("save_checkpoint", "load_checkpoint")),
     "no_sync": Exercise("09_gradient_accumulation", 3,
                         "train_step(ddp_model, optimizer, micro_batches, loss_fn) -> float", ("train_step",)),
+    "tensor_parallel": Exercise("15_beyond_ddp_device_mesh", 4, "plan(block) -> {name: ParallelStyle}", ("plan",)),
     # Six tiny scripts run in a second once started: a hang is called sooner.
     "find_the_hang": Exercise("11_debugging", 3, "a folder of fixed scripts", timeout=10.0),
 }

@@ -49,6 +49,7 @@ STARTER_HINTS = {
     "resume": "rank(s) [0, 1] wrote the checkpoint with 2 ranks: only rank 0 should save",
     "no_sync": "3 all-reduces per step (3 ranks, k = 3): the forward and backward of the first k-1 micro-batches",
     "find_the_hang": "it hangs: no result within 4 s, while checking rank_conditional.py at 3 ranks",
+    "tensor_parallel": "plan() raised on rank 0 with 2 ranks: NotImplementedError",
 }
 
 
@@ -80,6 +81,10 @@ MISTAKE_HINTS = [
      "from cuda:0 on cuda:0, not on this rank's device (cpu)"),
     ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),
     ("find_the_hang", "find_the_hang_early_stop_any_rank.py", "early_stop.py finished, but its RESULT is"),
+    ("tensor_parallel", "tensor_parallel_rowwise_first.py", "the styles are in the wrong order or kind (gate is "
+     "RowwiseParallel, up is RowwiseParallel, down is ColwiseParallel)"),
+    ("tensor_parallel", "tensor_parallel_sharded_input.py", "gate's input_layouts say the input is S(0), but every "
+     "rank is given the whole input"),  # silent: it runs, and only the comparison with one process fails
 ]
 
 
@@ -142,3 +147,18 @@ def test_the_command_line_exits_2():
 
 def lessons_check(name, path, launch_env, timeout=None):
     return check_module.check(name, path, env=launch_env, timeout=timeout)
+
+
+def test_a_tensor_parallel_plan_is_read_before_it_is_run():
+    """The check's hint comes from the plan itself; the launches above run two of its mistakes, these the rest."""
+    sys.path.insert(0, str(ROOT / "lessons" / "exercise_checks"))
+    try:
+        from tensor_parallel import plan_mistake
+    finally:
+        sys.path.pop(0)
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    assert plan_mistake({"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}) is None
+    assert plan_mistake({"up": ColwiseParallel(), "down": RowwiseParallel()}).startswith(
+        "gate is not in the plan: a Linear left whole meets the others' slices")
+    assert plan_mistake([ColwiseParallel()]).startswith("plan(block) must return a dict")
