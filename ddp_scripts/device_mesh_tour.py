@@ -30,7 +30,7 @@ def held(t):
 
 
 lines = [f"rank {rank} at {mesh.get_coordinate()}:"]
-sharded = distribute_tensor(full, mesh, [Replicate(), Shard(0)])  # rows cut in 2 along "shard", copied along "replicate"
+sharded = distribute_tensor(full, mesh, [Replicate(), Shard(0)])  # rows cut along "shard", copied along "replicate"
 lines.append(f"  [Replicate(), Shard(0)]  holds rows {held(sharded)}")
 both = distribute_tensor(full, mesh, [Shard(1), Shard(0)])  # cut both ways: a quarter each
 lines.append(f"  [Shard(1), Shard(0)]     holds {held(both)}")
