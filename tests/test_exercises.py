@@ -80,6 +80,8 @@ MISTAKE_HINTS = [
     ("resume", "resume_map_location_empty.py", "torch.load(map_location={}) with 2 ranks would put a tensor saved "
      "from cuda:0 on cuda:0, not on this rank's device (cpu)"),
     ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),
+    ("no_sync", "no_sync_divide_by_k_unequal.py", "each micro-batch's mean loss divided by k (3 ranks, micro-batches "
+     "of 5 and 3 samples): a sample of the small one then counts 5/3 times as much"),
     ("find_the_hang", "find_the_hang_early_stop_any_rank.py", "early_stop.py finished, but its RESULT is"),
     ("tensor_parallel", "tensor_parallel_rowwise_first.py", "the styles are in the wrong order or kind (gate is "
      "RowwiseParallel, up is RowwiseParallel, down is ColwiseParallel)"),
