@@ -1,4 +1,7 @@
-"""A correct DDP script but for one word: its loss is summed over the batch, and DDP averages the gradients."""
+"""A correct DDP script but for one word: --reduction sum (the default here) sums the loss, and DDP averages the
+gradients; --reduction mean is the fix."""
+import argparse
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -7,6 +10,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reduction", choices=["sum", "mean"], default="sum")
+    reduction = parser.parse_args().reduction
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
@@ -18,7 +24,7 @@ def main():
         sampler.set_epoch(epoch)
         for x, y in loader:
             optimizer.zero_grad()
-            F.cross_entropy(model(x), y, reduction="sum").backward()  # the mistake: "mean" is what DDP expects
+            F.cross_entropy(model(x), y, reduction=reduction).backward()  # "sum": the mistake; DDP expects "mean"
             optimizer.step()
     dist.destroy_process_group()
 

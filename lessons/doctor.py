@@ -92,6 +92,9 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
         return DoctorReport(error=f"nodes must be 1 to 4 (torchrun agents on this machine), got {nodes!r}")
     if compare and nodes > 1:
         return DoctorReport(error="--compare runs one node against one process: leave out --nodes")
+    spawn = spawn_call(Path(script))
+    if spawn:  # found without a launch; the ranks' own instrument would stop it too, a few seconds later
+        return DoctorReport(error=_spawn_error(spawn))
     report, record = _run(script, nproc, args, timeout, show, env, nodes, {"LESSONS_DOCTOR_COMPARE": "1"}
                           if compare else {})
     if record is not None:
@@ -130,10 +133,47 @@ def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[Doc
         report.error = f"the doctor's instruments failed in rank {rank} (please report it): {why}"
     spawned = [e for evs in record.events.values() for e in evs if e["event"] == "spawn"]
     if spawned:
-        report.error = (f"{spawned[0]['site']}: the script starts its own ranks ({spawned[0]['call']}), and torchrun"
-                        " has already started them: run it with python, or drop the spawn and read RANK,"
-                        " LOCAL_RANK and WORLD_SIZE from the environment (lesson 10)")
+        report.error = _spawn_error(f"{spawned[0]['site']}: {spawned[0]['call']}")
     return report, record
+
+
+def _spawn_error(where: str) -> str:
+    place, call = where.rsplit(": ", 1)
+    return (f"{place}: the script starts its own ranks ({call}), and torchrun has already started them: run it with"
+            " python, or drop the spawn and read RANK, LOCAL_RANK and WORLD_SIZE from the environment (lesson 10)")
+
+
+def spawn_call(script: Path) -> str | None:
+    """'file:line: torch.multiprocessing.spawn' where the script's own code calls mp.spawn (or start_processes)
+    on a name imported from torch.multiprocessing; None when it doesn't, or can't be parsed (the run will say)."""
+    import ast
+
+    try:
+        tree = ast.parse(script.read_text(), filename=str(script))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return None
+    modules, functions = set(), {}  # local names of torch.multiprocessing, and of its spawn functions
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name == "torch.multiprocessing" and a.asname}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":  # from torch import multiprocessing as mp
+            modules |= {a.asname or a.name for a in node.names if a.name == "multiprocessing"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch.multiprocessing":
+            functions.update({a.asname or a.name: a.name for a in node.names if a.name in ("spawn",
+                                                                                           "start_processes")})
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = None
+        if isinstance(node.func, ast.Attribute) and node.func.attr in ("spawn", "start_processes"):
+            owner = ast.unparse(node.func.value)
+            if owner in modules or owner == "torch.multiprocessing":
+                name = node.func.attr
+        elif isinstance(node.func, ast.Name) and node.func.id in functions:
+            name = functions[node.func.id]
+        if name:
+            return f"{_shown_path(str(script))}:{node.lineno}: torch.multiprocessing.{name}"
+    return None
 
 
 def _why_it_stopped(error: LaunchError) -> str:

@@ -83,8 +83,6 @@ MISTAKE_HINTS = [
     ("no_sync", "no_sync_divide_by_k_unequal.py", "each micro-batch's mean loss divided by k (3 ranks, micro-batches "
      "of 5 and 3 samples): a sample of the small one then counts 5/3 times as much"),
     ("find_the_hang", "find_the_hang_early_stop_any_rank.py", "early_stop.py finished, but its RESULT is"),
-    ("tensor_parallel", "tensor_parallel_rowwise_first.py", "the styles are in the wrong order or kind (gate is "
-     "RowwiseParallel, up is RowwiseParallel, down is ColwiseParallel)"),
     ("tensor_parallel", "tensor_parallel_sharded_input.py", "gate's input_layouts say the input is S(0), but every "
      "rank is given the whole input"),  # silent: it runs, and only the comparison with one process fails
 ]
@@ -152,7 +150,11 @@ def lessons_check(name, path, launch_env, timeout=None):
 
 
 def test_a_tensor_parallel_plan_is_read_before_it_is_run():
-    """The check's hint comes from the plan itself; the launches above run two of its mistakes, these the rest."""
+    """The check names a mistake from the plan itself. The launches above run the silent one (an input declared
+    split: it runs, and only the comparison fails); the others are named from the plan, without a launch: the
+    styles swapped (its run fails on a shape, and the check then gives this hint), a Linear left out."""
+    import importlib.util
+
     sys.path.insert(0, str(ROOT / "lessons" / "exercise_checks"))
     try:
         from tensor_parallel import plan_mistake
@@ -160,6 +162,12 @@ def test_a_tensor_parallel_plan_is_read_before_it_is_run():
         sys.path.pop(0)
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    spec = importlib.util.spec_from_file_location("rowwise_first", MISTAKES / "tensor_parallel_rowwise_first.py")
+    rowwise_first = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rowwise_first)
+    assert plan_mistake(rowwise_first.plan(None)).startswith(
+        "the styles are in the wrong order or kind (gate is RowwiseParallel, up is RowwiseParallel, down is "
+        "ColwiseParallel)")
     assert plan_mistake({"gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}) is None
     assert plan_mistake({"up": ColwiseParallel(), "down": RowwiseParallel()}).startswith(
         "gate is not in the plan: a Linear left whole meets the others' slices")

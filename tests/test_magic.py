@@ -25,7 +25,7 @@ def test_a_cell_imports_the_lessons_modules_and_takes_its_arguments(monkeypatch,
     for name, value in launch_env.items():
         monkeypatch.setenv(name, value)
     namespace = {}
-    magic.torchrun_cell("-n 2 --timeout 120 --name magic_test -- --epochs 3 --lr 0.1", CELL, namespace)
+    magic.torchrun_cell("-n 1 --timeout 120 --name magic_test -- --epochs 3 --lr 0.1", CELL, namespace)
     result = namespace["_torchrun"].result
     assert result["args"] == ["--epochs", "3", "--lr", "0.1"] and result["params"] > 0, result
 
