@@ -18,7 +18,7 @@ GPU_CELLS = [
     ("09_gradient_accumulation.ipynb", 12, 1),
     ("11_debugging.ipynb", 21, 2),
     ("12b_zero_dcp_and_activations.ipynb", 17, 1),
-    ("13_training_loop.ipynb", 9, 2),
+    ("13_training_loop.ipynb", 11, 2),
 ]
 
 
