@@ -25,7 +25,7 @@ def digits():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch-size", type=int, default=64)  # the global batch, over all ranks
+    parser.add_argument("--batch-size", type=int, default=64, help="the global batch, over all ranks")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--save", default="model.pt")
     args = parser.parse_args()

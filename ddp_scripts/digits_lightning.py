@@ -29,7 +29,7 @@ class Digits(L.LightningModule):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch-size", type=int, default=64)  # the global batch, over all processes
+    parser.add_argument("--batch-size", type=int, default=64, help="the global batch, over all processes")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--save", default="model.pt")
     args = parser.parse_args()

@@ -121,3 +121,26 @@ def test_a_notebook_makes_the_scratch_folder_it_writes_to(notebook):
     first = using[0]
     assert re.search(r'os\.makedirs\("\.\./artifacts[^"]*", exist_ok=True\)|\.mkdir\(parents=True', first), \
         f"{notebook.name}: the first cell that uses ../artifacts must make it (os.makedirs(..., exist_ok=True))"
+
+
+# --batch-size is the global batch in some scripts (lesson 00's, the exercise's, 14c's) and per rank in others
+# (train_ddp.py, the template): a learner moving between them doubles or halves the batch without noticing. So
+# every --batch-size says which in its --help (lesson 14 reconciles the two).
+SCRIPTS_WITH_ARGUMENTS = sorted([*(ROOT / "ddp_scripts").glob("*.py"), *(ROOT / "exercises").rglob("*.py")])
+
+
+def batch_size_help(path):
+    import ast
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant) and node.args[0].value == "--batch-size"):
+            yield next((k.value.value for k in node.keywords if k.arg == "help"), None)
+
+
+def test_every_batch_size_says_whether_it_is_per_rank_or_global():
+    found = {path.relative_to(ROOT).as_posix(): list(batch_size_help(path)) for path in SCRIPTS_WITH_ARGUMENTS}
+    found = {name: helps for name, helps in found.items() if helps}
+    assert len(found) >= 10, found  # the scripts above: the search finds them
+    unclear = {name: helps for name, helps in found.items()
+               if not all(h and ("per rank" in h or "global batch" in h) for h in helps)}
+    assert unclear == {}, f"--batch-size without 'per rank' or 'the global batch' in its help: {unclear}"
