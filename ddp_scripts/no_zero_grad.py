@@ -2,9 +2,8 @@
 
     torchrun --standalone --nproc-per-node=2 ddp_scripts/no_zero_grad.py
 
-backward() *adds* into .grad. Without zero_grad, step t applies the sum of the last t gradients: the gradient
-norm grows step after step, and training behaves like an ever-larger learning rate. Both loops run here, from
-the same weights and the same batches; rank 0 prints the gradient norm and the loss at every step.
+backward() *adds* into .grad: without zero_grad, step t applies the sum of the last t gradients. Both loops run
+from the same weights on the same batches; rank 0 prints the gradient norm and the loss every 4th step.
 """
 import json
 

@@ -48,25 +48,30 @@ def digits(seed):
     return TensorDataset(images[train].clone(), labels[train]), TensorDataset(images[test].clone(), labels[test])
 
 
-def cifar10(data_dir, distributed):
+def cifar10(args, distributed):
     import torchvision  # here, not at the top: its import costs about a second in every rank
     import torchvision.transforms as T
 
-    transform = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)])
+    transform, data_dir = T.Compose([T.ToTensor(), T.Normalize((0.5,) * 3, (0.5,) * 3)]), args.data_dir
+    # One writer per file system (lesson 10b): rank 0, or each node's LOCAL_RANK 0 where its disk is its own.
+    rank = int(os.environ.get("RANK", 0))
     error = None
-    if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+    if int(os.environ.get("LOCAL_RANK" if args.node_local_data else "RANK", 0)) == 0:
         try:
             torchvision.datasets.CIFAR10(data_dir, train=True, download=True)
         except Exception as e:  # offline: one line, not a traceback wall
-            error = f"could not download CIFAR-10 to {data_dir}: {type(e).__name__}: {e}"
+            error = f"rank {rank} could not download CIFAR-10 to {data_dir}: {type(e).__name__}: {e}"
     if distributed:
         errors = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)  # also the barrier before anyone reads
-        error = next((e for e in errors if e), None)
+        error = "\n".join(e for e in errors if e)
     if error:
         raise SystemExit(f"{error}\n(use --dataset digits, which needs no network)")
-    return (torchvision.datasets.CIFAR10(data_dir, train=True, transform=transform),
-            torchvision.datasets.CIFAR10(data_dir, train=False, transform=transform))
+    try:
+        return (torchvision.datasets.CIFAR10(data_dir, train=True, transform=transform),
+                torchvision.datasets.CIFAR10(data_dir, train=False, transform=transform))
+    except RuntimeError as e:  # "Dataset not found": this node does not see the disk rank 0 wrote to
+        raise SystemExit(f"rank {rank}: {e} (a node-local --data-dir? add --node-local-data)") from None
 
 
 @record  # a failing rank's traceback goes into torchrun's report (lesson 00)
@@ -74,7 +79,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
     parser.add_argument("--dataset", choices=["digits", "cifar10"], default="digits")
-    parser.add_argument("--data-dir", default="data")
+    parser.add_argument("--data-dir", default="data", help="where CIFAR-10 is (downloaded once, by rank 0)")
+    parser.add_argument("--node-local-data", action="store_true",
+                        help="--data-dir is on each node's own disk: each node's LOCAL_RANK 0 downloads its copy")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=32, help="per rank; the global batch is N times this")
     parser.add_argument("--lr", type=float, default=0.02)
@@ -93,7 +100,7 @@ def main():
         rank, world_size = 0, 1
     torch.manual_seed(args.seed)
 
-    train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args.data_dir, distributed)
+    train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args, distributed)
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)  # 2.
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
                         pin_memory=device.type == "cuda")

@@ -7,16 +7,18 @@ from lessons.data import PngDigits, loader_throughput, write_png_digits
 from lessons.sampler import sampler_explorer, shards
 
 
-def test_cifar10_offline_stops_every_rank_with_one_line(launch_env, tmp_path):
+def test_cifar10_is_downloaded_once_per_file_system_and_offline_every_rank_stops_with_one_line(launch_env, tmp_path):
+    """Two nodes that share --data-dir: global rank 0 alone downloads (one writer per file system, lesson 10b; each
+    node's LOCAL_RANK 0 used to, two writers of one directory). Offline, every rank stops with one line."""
     dead_proxy = {"http_proxy": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9", **launch_env}
     with pytest.raises(lessons.LaunchError) as failure:
-        lessons.torchrun(SCRIPTS / "train_ddp.py", nproc=2, args=["--dataset", "cifar10", "--data-dir", tmp_path],
-                         env=dead_proxy, show=False, timeout=120)
-    for rank in (0, 1):
-        stderr = failure.value.result.stderr[rank]
-        assert stderr.startswith("could not download CIFAR-10"), stderr
-        assert "Traceback" not in stderr
-        assert "use --dataset digits" in stderr
+        lessons.torchrun_nodes(SCRIPTS / "train_ddp.py", nnodes=2, nproc_per_node=1, env=dead_proxy, show=False,
+                               args=["--dataset", "cifar10", "--data-dir", tmp_path], timeout=120)
+    stderr = failure.value.result.stderr[0]
+    assert stderr.startswith(f"rank 0 could not download CIFAR-10 to {tmp_path}"), stderr
+    assert "rank 1" not in stderr, stderr  # node 1's LOCAL_RANK 0 left the shared directory alone
+    assert "Traceback" not in stderr
+    assert "use --dataset digits" in stderr
 
 
 def test_the_offline_digits_are_scikit_learns_load_digits(monkeypatch):
