@@ -77,6 +77,8 @@ MISTAKE_HINTS = [
     ("convert_to_ddp", "convert_to_ddp_no_set_epoch.py", "saw epoch 1 in epoch 0's order with 2 ranks"),
     ("unpadded_eval", "unpadded_eval_mean_of_accuracies.py", "an average of per-rank accuracies"),
     ("resume", "resume_no_barrier.py", "read the checkpoint before rank 0 had written it"),
+    ("resume", "resume_restarts_the_epoch.py", "stopped at epoch 1 step 2 (8 steps) and resumed, trained 2 batch(es) "
+     "twice: the resumed run must start at the checkpoint's epoch and skip the steps it says are done"),
     ("resume", "resume_map_location_empty.py", "torch.load(map_location={}) with 2 ranks would put a tensor saved "
      "from cuda:0 on cuda:0, not on this rank's device (cpu)"),
     ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),

@@ -1,4 +1,6 @@
 """A solution of exercises/resume.py: rank 0 writes, everyone waits, every rank reads onto its own device."""
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 
@@ -16,3 +18,16 @@ def load_checkpoint(path, ddp_model, optimizer):
     ddp_model.module.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     return checkpoint["epoch"], checkpoint["step"]
+
+
+def train_loop(ddp_model, optimizer, sampler, loader, epochs, path, train_step):
+    start_epoch, start_step = 0, 0
+    if Path(path).exists():  # a run that stopped: go on from where its last checkpoint says
+        start_epoch, start_step = load_checkpoint(path, ddp_model, optimizer)
+    for epoch in range(start_epoch, epochs):
+        sampler.set_epoch(epoch)  # the interrupted epoch's shuffle again, not epoch 0's
+        for step, batch in enumerate(loader):
+            if epoch == start_epoch and step < start_step:
+                continue  # trained before the stop: neither again nor skipped
+            train_step(batch)
+            save_checkpoint(path, ddp_model, optimizer, epoch, step + 1)

@@ -5,6 +5,8 @@ At 2 and 3 ranks: an uninterrupted run, and a run that saves at epoch 1 step 2, 
 *different* model and optimizer, loads, and finishes. The resumed parameters must hash like the uninterrupted
 ones. torch.save and torch.load are watched: who wrote (rank 0 only; its write is made slow, so a rank that
 reads without waiting for it fails), and torch.load's arguments (a map_location; weights_only not turned off).
+Then the learner's own train_loop, which owns the loop: stopped mid-epoch and resumed by a new model, the batches
+it trains must be those of an epoch loop with set_epoch, none twice, none skipped, in order.
 """
 import hashlib
 import time
@@ -13,6 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import common
 from common import all_ranks, call, case, fail, load_learner, passed, start, worlds
@@ -117,6 +120,90 @@ def train(model, optimizer, begin=(0, 0), stop_at=None, learner=None, path=None)
             optimizer.step()
 
 
+LOOP_SAMPLES, LOOP_BATCH, LOOP_EPOCHS = 24, 2, 2  # 6 steps an epoch at 2 ranks, 4 at 3
+
+
+class StopHere(Exception):
+    """The job's time is up, between two steps of the learner's train_loop."""
+
+
+def loop_data():
+    generator = torch.Generator().manual_seed(7)
+    return TensorDataset(torch.arange(LOOP_SAMPLES), torch.randn(LOOP_SAMPLES, 4, generator=generator),
+                         torch.randn(LOOP_SAMPLES, 2, generator=generator))
+
+
+def expected_batches(dataset):
+    """What an epoch loop with set_epoch trains on this rank: each batch's sample indices, epoch after epoch."""
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    batches = []
+    for epoch in range(LOOP_EPOCHS):
+        sampler.set_epoch(epoch)
+        batches += [index.tolist() for index, _, _ in DataLoader(dataset, LOOP_BATCH, sampler=sampler)]
+    return batches
+
+
+def run_learner_loop(learner, seed, path, stop_after=None):
+    """The learner's train_loop on a new model; train_step records each batch and raises StopHere when time is up."""
+    model, optimizer = make_model(seed)
+    dataset, trained = loop_data(), []
+
+    def train_step(batch):
+        if stop_after is not None and len(trained) == stop_after:
+            raise StopHere
+        index, x, y = batch
+        trained.append(index.tolist())
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    def train_loop(*args):  # named as the learner's, for call()'s one line
+        try:
+            learner.train_loop(*args)
+        except StopHere:
+            pass
+    sampler = DistributedSampler(dataset, shuffle=True, seed=0)
+    call(train_loop, model, optimizer, sampler, DataLoader(dataset, LOOP_BATCH, sampler=sampler), LOOP_EPOCHS,
+         str(path), train_step)
+    return trained, model
+
+
+def check_learner_loop(learner, workdir, n, where):
+    case(f"{n} ranks: your train_loop, uninterrupted, then stopped mid-epoch and resumed by a new model")
+    expected = expected_batches(loop_data())
+    per_epoch = len(expected) // LOOP_EPOCHS
+    straight, straight_model = run_learner_loop(learner, 0, workdir / f"loop_straight_{n}.pt")
+    if straight != expected:
+        fail(f"train_loop's uninterrupted run trained other batches than an epoch loop {where} (the first "
+             f"difference at batch {first_difference(straight, expected)}): call sampler.set_epoch(epoch) at the "
+             "start of every epoch, and train every batch of the loader once")
+    path, stop_after = workdir / f"loop_{n}.pt", per_epoch + 2
+    before, _ = run_learner_loop(learner, 0, path, stop_after=stop_after)
+    after, resumed_model = run_learner_loop(learner, 1, path)  # a different start: only the checkpoint can fix it
+    trained, stop = before + after, f"stopped at epoch 1 step 2 ({stop_after} steps)"
+    if len(trained) > len(expected):
+        fail(f"train_loop {where}, {stop} and resumed, trained {len(trained) - len(expected)} batch(es) twice: "
+             "the resumed run must start at the checkpoint's epoch and skip the steps it says are done")
+    if len(trained) < len(expected):
+        fail(f"train_loop {where}, {stop} and resumed, never trained {len(expected) - len(trained)} batch(es): "
+             "skip exactly the steps the checkpoint says are done")
+    if trained != expected:
+        fail(f"train_loop {where}, {stop} and resumed, trained other batches than the uninterrupted run from "
+             f"batch {first_difference(trained, expected)}: the resumed epoch needs sampler.set_epoch(epoch) with "
+             "the checkpoint's epoch, before its loader is iterated")
+    if parameters_hash(resumed_model) != parameters_hash(straight_model):
+        fail(f"train_loop {where}: the resumed run trained the right batches but its parameters differ from the "
+             "uninterrupted run's: load the checkpoint (model and optimizer) before training")
+    all_ranks(None)  # every rank is done with the files
+    if dist.get_rank() == 0:
+        for name in (path, workdir / f"loop_straight_{n}.pt"):
+            Path(name).unlink(missing_ok=True)
+
+
+def first_difference(got, expected):
+    return next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+
+
 def parameters_hash(model):
     digest = hashlib.sha256()
     for p in model.module.parameters():
@@ -126,7 +213,7 @@ def parameters_hash(model):
 
 def main():
     start()
-    learner = load_learner("save_checkpoint", "load_checkpoint")
+    learner = load_learner("save_checkpoint", "load_checkpoint", "train_loop")
     workdir = common.WORKDIR
     for n in worlds(2, 3):
         rank, where = dist.get_rank(), f"with {n} ranks"
@@ -186,8 +273,10 @@ def main():
             fail(f"the resumed run's parameters hash {hashes[0]}, the uninterrupted run's {uninterrupted} {where}")
         if rank == 0:
             Path(path).unlink(missing_ok=True)
+        check_learner_loop(learner, workdir, n, where)
     passed(f"2 and 3 ranks: resumed from epoch {STOP_AT[0]} step {STOP_AT[1]}, parameters hash like the "
-           "uninterrupted run's; only rank 0 wrote; torch.load with map_location, weights_only not turned off")
+           "uninterrupted run's; only rank 0 wrote; torch.load with map_location, weights_only not turned off; "
+           "your train_loop, stopped mid-epoch and resumed, trained every batch once, in order")
 
 
 if __name__ == "__main__":
