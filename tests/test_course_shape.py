@@ -144,3 +144,20 @@ def test_every_batch_size_says_whether_it_is_per_rank_or_global():
     unclear = {name: helps for name, helps in found.items()
                if not all(h and ("per rank" in h or "global batch" in h) for h in helps)}
     assert unclear == {}, f"--batch-size without 'per rank' or 'the global batch' in its help: {unclear}"
+
+
+def test_no_two_notebooks_name_the_same_scratch_path():
+    """tests/conftest.py deletes a notebook's scratch paths before its first cell, which proves it makes them; that
+    holds only if no other notebook uses them (nor could read what this one left)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("top_conftest", ROOT / "conftest.py")  # not tests/conftest.py
+    top_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(top_conftest)
+    scratch_paths = top_conftest.scratch_paths
+    owners = {}
+    for notebook in NOTEBOOKS:
+        for name in scratch_paths(notebook):
+            owners.setdefault(name, []).append(notebook.name)
+    assert {"artifacts/lesson07", "data/png_digits", "scratch/try_all_reduce.py"} <= set(owners), owners
+    shared = {name: names for name, names in owners.items() if len(names) > 1}
+    assert shared == {}, f"scratch paths named by more than one notebook: {shared}"
