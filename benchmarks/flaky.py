@@ -107,9 +107,6 @@ ITEMS: dict[str, tuple[str, str]] = {
         assert places[0].startswith("all_gather") and "backward" in places[1], places
         assert "stopping at step 120" in hang.result.outputs[0], hang.result.outputs[0][-500:]
         """),
-    "13b-early-stop-3-ranks": (
-        "the same at 3 ranks (tests/test_training_loop.py)",
-        "pytest tests/test_training_loop.py::test_rank0_stopping_alone_hangs_until_the_timeout_which_shows_every_rank"),
     "07b-kill": (
         "lesson 07b: rank 1 is killed; the attempt is reported as rank 1 killed by SIGKILL, not as the peer that "
         "lost its connection, and the restart resumes",

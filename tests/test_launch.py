@@ -28,19 +28,22 @@ def test_timeout_stops_every_process(launch_env):
     """A timeout counted from the start: how many workers torchrun has started by then depends on the machine's
     load (test_workers_that_ignore_sigterm... counts them, from a line both print); none may be left."""
     start = time.monotonic()
-    with pytest.raises(lessons.LaunchError, match=r"(?s)timed out after 8 s\. Where each rank was:.*Stopped torchrun and"):
-        lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=8, env=launch_env, show=False)
-    assert time.monotonic() - start < 8 + 2 * lessons.launch.STOP_GRACE_S + 5
+    with pytest.raises(lessons.LaunchError, match=r"(?s)timed out after 4 s\. Where each rank was:.*Stopped torchrun and"):
+        lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=4, env=launch_env, show=False)
+    assert time.monotonic() - start < 4 + 2 * lessons.launch.STOP_GRACE_S + 5
     # launch_env's teardown checks that no process of the launch is left.
 
 
-def test_workers_that_ignore_sigterm_are_killed_and_the_output_so_far_is_kept(launch_env):
-    """timeout_from: the clock starts once both ranks have printed the line, i.e. ignore SIGTERM already."""
+def test_workers_that_ignore_sigterm_are_killed_and_the_output_so_far_is_kept(launch_env, monkeypatch):
+    """timeout_from: the clock starts once both ranks have printed their line, i.e. ignore SIGTERM already. One line
+    per rank, as lesson 13b's hang gives it (rank 1's is part of the line both print): the message names each."""
+    monkeypatch.setattr(lessons.processes, "STOP_GRACE_S", 1)  # SIGTERM stops nothing here: no need to wait 5 s
     start = time.monotonic()
     with pytest.raises(lessons.LaunchError) as failure:
         lessons.torchrun(FIXTURES / "hang.py", nproc=2, args=["--ignore-sigterm"], timeout=1,
-                         timeout_from="hanging now", env=launch_env, show=False)
-    assert str(failure.value).startswith("hang.py timed out 1 s after every rank printed 'hanging now'.")
+                         timeout_from={0: "hanging now", 1: "now"}, env=launch_env, show=False)
+    assert str(failure.value).startswith(
+        "hang.py timed out 1 s after every rank printed its start line (rank 0: 'hanging now', rank 1: 'now').")
     assert "Stopped torchrun and 2 worker process(es)." in str(failure.value)
     assert failure.value.result.outputs == {0: "hanging now\n", 1: "hanging now\n"}
     # SIGKILL after the grace period; nobody waits torchrun's 30 s.
@@ -111,7 +114,15 @@ def test_a_line_held_back_in_jupyter_goes_out_at_a_later_tick_without_new_lines(
     assert len(shown) == 2  # nothing pending: no update
 
 
-def test_interrupt_stops_every_process_and_propagates(launch_env):
+def wait_until_both_ranks_hang(log_folder, marker):
+    """Until both ranks of hang.py have printed their line: torchrun's per-rank logs, under the caller's TMPDIR."""
+    deadline = time.monotonic() + 60
+    while sum("hanging now" in log.read_text() for log in log_folder.glob("*/*/attempt_*/[0-9]*/stdout.log")) < 2:
+        assert time.monotonic() < deadline, f"the ranks did not start: {processes_with(marker)}"
+        time.sleep(0.1)
+
+
+def test_interrupt_stops_every_process_and_propagates(launch_env, tmp_path):
     """The kernel's stop button: SIGINT to the process that called lessons.torchrun (a separate Python here, as a
     kernel is). The KeyboardInterrupt must stop torchrun and its workers and reach the caller.
 
@@ -125,13 +136,10 @@ def test_interrupt_stops_every_process_and_propagates(launch_env):
         "try:\n"
         f"    lessons.torchrun({str(FIXTURES / 'hang.py')!r}, nproc=2, timeout=60, env={launch_env!r}, show=False)\n"
         "except KeyboardInterrupt:\n"
-        "    print('KeyboardInterrupt reached the caller')\n")], stdout=subprocess.PIPE, text=True)
+        "    print('KeyboardInterrupt reached the caller')\n")], stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)})  # where the launch's logs are, to see the ranks hang
     try:
-        deadline = time.monotonic() + 60
-        while len(processes_with(launch_env[MARKER])) < 3:  # torchrun and its 2 workers
-            assert time.monotonic() < deadline, "the launch did not start"
-            time.sleep(0.2)
-        time.sleep(2)  # let the workers get to their hang
+        wait_until_both_ranks_hang(tmp_path, launch_env[MARKER])
         start = time.monotonic()
         caller.send_signal(signal.SIGINT)
         out, _ = caller.communicate(timeout=30)
@@ -197,11 +205,7 @@ def test_a_killed_kernel_takes_the_launch_with_it(launch_env, tmp_path):
         f"lessons.torchrun({str(FIXTURES / 'hang.py')!r}, nproc=2, timeout=120, env={launch_env!r})")],
         env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
-        deadline = time.monotonic() + 60
-        while len(processes_with(launch_env[MARKER])) < 3:  # torchrun and its 2 workers
-            assert time.monotonic() < deadline, "the launch did not start"
-            time.sleep(0.2)
-        time.sleep(2)  # let the workers get to their hang
+        wait_until_both_ranks_hang(tmp_path, launch_env[MARKER])
     finally:
         kernel.kill()
         kernel.wait()

@@ -13,8 +13,7 @@ CHECKS = ("forward_matches", "input_grad_matches", "param_grad_matches", "runnin
           "num_batches_tracked_matches")
 
 
-@pytest.mark.parametrize("nproc, size_lists, momentum", [
-    (2, ["2,2"], "0.1"),
+@pytest.mark.parametrize("nproc, size_lists, momentum", [  # 2 ranks at the default momentum 0.1: the notebook's
     (4, ["2,2,2,2", "1,0,3,2"], "none"),  # momentum=None: BatchNorm's cumulative average, read from the counter
 ])
 def test_hand_made_syncbn_equals_batchnorm_on_the_whole_batch(nproc, size_lists, momentum, launch_env):
