@@ -6,7 +6,7 @@ Lesson 04's model and data, trained once per hook from the same start (seed 0 se
 order). Every hook, the plain one included, hands its tensors to dist.all_reduce; a wrapper around it counts
 the bytes. At step 4 (after PowerSGD's warm-up) each rank also computes the exact averaged gradient, to measure
 each hook's error. With --plain-seeds the plain all-reduce is trained again at those seeds: how far the final loss
-moves from one seed to the next, the yardstick for the differences between hooks (the tests use 1,2,3).
+moves from one seed to the next, the yardstick for the differences between hooks (lesson 09b uses 1,2,3).
 """
 import argparse
 import json
@@ -113,7 +113,7 @@ def train(name, seed, train_set, rank, world, device, epochs, batch, lr):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--hooks", default="none,fp16,bf16,powersgd")
     parser.add_argument("--plain-seeds", default="", help="seeds to train the plain all-reduce with again, e.g. 1,2,3")
