@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser slurm lab test cost stress gpu-check compat clean
+.PHONY: setup browser slurm system-packages lab test cost stress gpu-check compat clean
 
 setup: $(STAMP)
 
@@ -52,11 +52,20 @@ slurm:
 	  && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null; } \
 	  || echo "Slurm could not be installed here: the Slurm test will be skipped"
 
+# What the tests need from Debian, both of the above in one apt-get run (one package index update, not two: CI's
+# fresh machine pays each), where we can; elsewhere the browser and Slurm tests skip with one line each.
+system-packages:
+	@missing=""; command -v chromium >/dev/null 2>&1 || missing="chromium"; \
+	{ command -v sbatch >/dev/null 2>&1 && command -v munged >/dev/null 2>&1; } || missing="$$missing slurm-wlm munge"; \
+	[ -z "$$missing" ] || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; } \
+	  || echo "could not install$$missing here: the tests that need them will be skipped"
+
 # Two pytest-xdist workers: two groups of notebooks, each in order on one worker, and whole test files on whichever
 # is free (tests/conftest.py). Alone, the suite keeps about 1.3 of the 2 cores busy (it waits on timeouts, Slurm,
 # the browser); two workers about 1.75.
 # Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
-test: setup browser slurm
+test: setup system-packages
 	$(PY) -m pytest -n 2
 
 # What one lesson costs, e.g. make cost LESSON="notebooks/07_checkpoints.ipynb tests/test_checkpoints.py"
