@@ -17,6 +17,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
+import ddp_common  # noqa: F401  a clean exit
+
 device_type = "cuda" if torch.cuda.is_available() else "cpu"
 if device_type == "cuda":
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))

@@ -4,10 +4,9 @@
 
 World = R x S ranks on a mesh ("replicate", "shard"): the parameters are sharded S ways within a replica group (as
 FSDP2 does) and replicated R ways across them (as DDP does); the gradients are reduce-scattered within a shard group,
-then all-reduced across replicas. On N nodes of G GPUs that is --replicate N --shard G: the sharding's all-gathers
-stay on a node's fast links, only the all-reduce crosses nodes. The same model is trained as DDP, as FSDP2 on one
-dimension (all R x S ranks shard) and as HSDP, from the same weights on the same batches; the parameters after the
-steps are compared, and each rank's parameter bytes counted.
+then all-reduced across replicas. On N nodes of G GPUs: --replicate N --shard G, so the all-gathers stay
+on a node, and only the all-reduce crosses nodes. Trained as DDP, as FSDP2 on all R x S ranks and as
+HSDP from the same weights on the same batches, then compared.
 """
 import argparse
 import copy
@@ -21,6 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+import ddp_common  # noqa: F401  a clean exit
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--replicate", type=int, default=2, help="R: replica groups (DDP's dimension)")

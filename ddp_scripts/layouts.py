@@ -24,6 +24,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import ddp_common  # noqa: F401  a clean exit
+
 STEPS, ROWS, WIDTH, HIDDEN = 2, 8, 16, 64
 # Two notes torch prints that don't apply here: FSDP2's caution about in-place ops on a returned view (none here),
 # and DTensor's that gathering a 2-D sharded parameter for the comparison takes two all-gathers (it is not a step).

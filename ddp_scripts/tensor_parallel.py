@@ -17,6 +17,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+import ddp_common  # noqa: F401  a clean exit
+
 PLANS = ("right", "rowwise-first", "sharded-input")
 logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # logs rowwise-first's error: caught
 parser = argparse.ArgumentParser()
