@@ -9,9 +9,9 @@ from conftest import FIXTURES, SCRIPTS
 VARIANTS = ["naive", "overlap", "bucketed"]
 
 
-# 4 ranks with every parameter in one bucket (offsets into the flat buffer, the division by 4);
-# 1 rank with a bucket per parameter, 6 (the notebook's default puts several in a bucket).
-@pytest.mark.parametrize("nproc, bucket_mb, buckets", [(4, 100, 1), (1, 0.000001, 6)])
+# 4 ranks with every parameter in one bucket (offsets into the flat buffer, the division by 4). A bucket per
+# parameter runs in the frozen-and-tied launch below (the notebook's default puts several in a bucket).
+@pytest.mark.parametrize("nproc, bucket_mb, buckets", [(4, 100, 1)])
 def test_every_variant_matches_single_process_and_torch_ddp(nproc, bucket_mb, buckets, launch_env):
     run = lessons.torchrun(SCRIPTS / "ddp_from_scratch.py", nproc=nproc, env=launch_env, show=False,
                            args=["--variant", *VARIANTS, "--bucket-mb", bucket_mb, "--steps", 3])
@@ -27,9 +27,12 @@ def test_every_variant_matches_single_process_and_torch_ddp(nproc, bucket_mb, bu
 
 def test_frozen_and_tied_parameters_as_torch_handles_them(launch_env):
     """A frozen layer (no gradient: torch's DDP and optimizers skip it) and a tied weight (one parameter used twice):
-    the three DDPs from scratch against torch's DDP, ShardedAdamW with AdamW's own arguments against one process."""
+    the three DDPs from scratch (the bucketed one also with a bucket per parameter) against torch's DDP, ShardedAdamW
+    with AdamW's own arguments against one process."""
     result = lessons.torchrun(FIXTURES / "frozen_and_tied.py", nproc=2, env=launch_env, show=False,
                               args=[SCRIPTS]).result
     assert result["frozen_unchanged"] and result["tied"], result
     assert all(diff < 1e-6 for diff in result["max_abs_diff"].values()), result
-    assert set(result["max_abs_diff"]) == {"naive", "overlap", "bucketed", "sharded_adamw"}
+    assert set(result["max_abs_diff"]) == {"naive", "overlap", "bucketed", "bucket_per_parameter", "sharded_adamw"}
+    # A bucket for each parameter that trains (the frozen one has none; the tied weight is one parameter).
+    assert result["buckets"]["bucket_per_parameter"] == result["trainable"] > result["buckets"]["bucketed"], result

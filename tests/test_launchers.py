@@ -25,14 +25,6 @@ from lessons import slurm
 from lessons.nodes import free_port, gpu_slices, python_nodes
 
 
-def test_fork_at_3_ranks_trains_data_parallel(launch_env):
-    run = lessons.run_python(SCRIPTS / "launch_spawn.py", ["--start-method", "fork", "--nprocs", "3"],
-                             env=launch_env, show=False, timeout=60)
-    assert run.result["world_size"] == 3 and run.result["weights_equal_on_every_rank"]
-    assert run.result["environment"] == ["MASTER_ADDR", "MASTER_PORT"]  # nothing else is set without a launcher
-    assert sorted(run.stdout) == [0, 1, 2]  # each rank's lines, grouped by rank
-
-
 def test_unknown_launcher_is_refused_in_one_line():
     with pytest.raises(ValueError, match="launcher must be one of"):
         lessons.torchrun(SCRIPTS / "tiny_train.py", launcher="mpirun")

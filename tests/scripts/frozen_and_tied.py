@@ -57,12 +57,15 @@ def main():
     ddp = DDP(TiedAndFrozen())
     reference = train(ddp, torch.optim.SGD(ddp.parameters(), lr=0.5), STEPS, tokens, targets)
     diffs = {}
-    for name, wrap in (("naive", NaiveDDP), ("overlap", OverlapDDP), ("bucketed", lambda m: BucketedDDP(m, 25))):
+    buckets = {}
+    for name, wrap in (("naive", NaiveDDP), ("overlap", OverlapDDP), ("bucketed", lambda m: BucketedDDP(m, 25)),
+                       ("bucket_per_parameter", lambda m: BucketedDDP(m, 1e-6))):  # a cap below any parameter
         model = TiedAndFrozen()
         wrapper = wrap(model)
         ours = train(model, torch.optim.SGD(model.parameters(), lr=0.5), STEPS, tokens, targets,
                      wrapper.finish_gradients)
         diffs[name] = (ours - reference).abs().max().item()
+        buckets[name] = len(getattr(wrapper, "buckets", []))
 
     model = TiedAndFrozen()
     kwargs = {"lr": 0.05, "betas": (0.8, 0.95), "weight_decay": 0.1}
@@ -75,7 +78,8 @@ def main():
     diffs["sharded_adamw"] = (ours - one_process).abs().max().item()
     frozen_kept = torch.equal(model.frozen.weight, TiedAndFrozen().frozen.weight)
     if rank == 0:
-        print("RESULT " + json.dumps({"max_abs_diff": diffs, "frozen_unchanged": frozen_kept,
+        print("RESULT " + json.dumps({"max_abs_diff": diffs, "frozen_unchanged": frozen_kept, "buckets": buckets,
+                                      "trainable": sum(p.requires_grad for p in model.parameters()),
                                       "tied": model.out.weight is model.embed.weight}))
     dist.destroy_process_group()
 
