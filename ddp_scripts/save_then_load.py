@@ -17,6 +17,9 @@ loaded = {}
 for barrier in (False, True):
     path = Path(sys.argv[1]) / f"barrier_{barrier}.pt"
     if dist.get_rank() == 0:
+        path.unlink(missing_ok=True)  # an earlier run's file would be read: worse still
+    dist.barrier()  # the round starts with no file
+    if dist.get_rank() == 0:
         time.sleep(2)  # a save takes a while: a large model, a slow or shared disk
         torch.save({"step": 100}, path)
     if barrier:
@@ -25,7 +28,6 @@ for barrier in (False, True):
         loaded[barrier] = torch.load(path, map_location="cpu", weights_only=True)["step"]
     except FileNotFoundError:
         loaded[barrier] = "FileNotFoundError"
-    dist.barrier()  # the next round starts together
 everyone = [None] * dist.get_world_size()
 dist.all_gather_object(everyone, loaded)
 if dist.get_rank() == 0:

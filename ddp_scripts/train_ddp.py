@@ -79,7 +79,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["cnn", "resnet18"], default="cnn")
     parser.add_argument("--dataset", choices=["digits", "cifar10"], default="digits")
-    parser.add_argument("--data-dir", default="data", help="where CIFAR-10 is (downloaded once, by rank 0)")
+    parser.add_argument("--data-dir", default="data", help="CIFAR-10's folder (rank 0 downloads, or see below)")
     parser.add_argument("--node-local-data", action="store_true",
                         help="--data-dir is on each node's own disk: each node's LOCAL_RANK 0 downloads its copy")
     parser.add_argument("--epochs", type=int, default=3)

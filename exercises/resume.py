@@ -11,8 +11,8 @@ batch and saves after each step; the check stops it mid-epoch, and a new model's
 the batches the uninterrupted run trained after that point: none twice, none skipped, in the same order.
 
 The check runs it at 2 and 3 ranks and watches torch.save and torch.load: only rank 0 may write, every rank
-must wait for the file before reading, torch.load needs a map_location (the rank's own device), and
-weights_only must not be turned off.
+must wait for the file before reading, torch.load needs a map_location that puts every tensor on this rank (its
+device, or "cpu"), and weights_only must not be turned off.
 
 Check it:   python -m lessons.check resume
 """

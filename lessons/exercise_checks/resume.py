@@ -251,10 +251,10 @@ def main():
         device = next(model.parameters()).device
         for load in loads:
             landed = lands_on(load["map_location"], device)
-            if load["map_location"] is not None and landed != str(device):
+            if load["map_location"] is not None and landed not in (str(device), "cpu"):  # "cpu": lesson 07's way
                 fail(f"torch.load(map_location={load['map_location']!r}) {where} would put a tensor saved from cuda:0 "
                      f"on {landed}, not on this rank's device ({device}): give it the rank's own device "
-                     "(map_location=device)")
+                     "(map_location=device) or the CPU")
         if any(load["weights_only"] is False for load in loads):
             fail(f"torch.load(weights_only=False) {where}: a checkpoint of tensors, numbers and dicts loads with "
                  "weights_only=True, which runs no code from the file")
