@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser slurm system-packages lab test cost stress gpu-check compat clean
+.PHONY: setup browser slurm system-packages lab test execute cost stress gpu-check compat clean
 
 setup: $(STAMP)
 
@@ -67,6 +67,12 @@ system-packages:
 # Ends with "where the time went": the total, the slowest tests and each notebook (artifacts/durations.json).
 test: setup system-packages
 	$(PY) -m pytest -n 2
+
+# Regenerate a notebook's committed outputs as the tests run it (CPU pins, scratch paths cleared first, what nbval
+# skips left as it is, no execution timestamps): make execute NB=notebooks/08_syncbatchnorm.ipynb, or every notebook
+# in course order with no NB. Then read its git diff: only what really varies should move.
+execute: setup
+	$(PY) tests/execute_notebooks.py $(NB)
 
 # What one lesson costs, e.g. make cost LESSON="notebooks/07_checkpoints.ipynb tests/test_checkpoints.py"
 cost: setup

@@ -36,12 +36,17 @@ def scratch_paths(notebook: Path) -> set[str]:
             for folder, name in SCRATCH.findall("".join(cell["source"]))}
 
 
+def clear_scratch(notebook: Path) -> None:
+    """Delete the scratch paths a notebook names, before it runs (nbval here; `make execute` too)."""
+    for name in scratch_paths(notebook):
+        target = ROOT / name
+        if target.is_dir():
+            shutil.rmtree(target)
+        else:
+            target.unlink(missing_ok=True)
+
+
 def pytest_runtest_setup(item):  # here, not in tests/conftest.py, which a run of notebooks alone does not load
     path = Path(str(item.fspath))
     if path.suffix == ".ipynb" and item.name == "Cell 0":
-        for name in scratch_paths(path):
-            target = ROOT / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink(missing_ok=True)
+        clear_scratch(path)
