@@ -1,13 +1,13 @@
-"""python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]: the DDP doctor from a
-terminal (lessons/doctor.py)."""
+"""`python -m lessons doctor ...`: the DDP doctor from a terminal (lessons/doctor.py holds its usage line)."""
 import sys
 
 COMMANDS = ("doctor",)
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        print("usage: python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]"
-              f"  (commands: {', '.join(COMMANDS)})", file=sys.stderr)
+        from lessons.doctor import USAGE
+
+        print(f"usage: {USAGE}  (commands: {', '.join(COMMANDS)})", file=sys.stderr)
         sys.exit(2)
     from lessons.doctor import main
 

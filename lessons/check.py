@@ -39,25 +39,51 @@ class Exercise:
     nproc: int  # the launch's ranks: the largest world the check forms
     what: str  # the functions (or file) the learner's file must define
     functions: tuple[str, ...] = ()  # the names the learner's file must define at its top level
+    defines: str = ""  # exercises/README.md's table: what the learner's file defines (markdown)
+    checked_at: str = ""  # and the sizes and cases the check runs it at
     timeout: float = HANG_TIMEOUT_S  # seconds after every rank has started: then it is a hang
 
 
-EXERCISES = {
-    "ring_allreduce": Exercise("02b_ring_allreduce_from_scratch", 5, "ring_all_reduce(tensor) -> None",
-                               ("ring_all_reduce",)),
-    "average_gradients": Exercise("03_ddp_from_scratch", 3, "average_gradients(model) -> None",
-                                  ("average_gradients",)),
-    "convert_to_ddp": Exercise("04_ddp_training", 3, "a training script run by torchrun"),
-    "unpadded_eval": Exercise("05_distributed_sampler", 4, "evaluate(model, dataset, batch_size) -> float",
-                              ("evaluate",)),
-    "resume": Exercise("07_checkpoints", 3,
-                       "save_checkpoint(...), load_checkpoint(...) -> (epoch, step), train_loop(...)",
-                       ("save_checkpoint", "load_checkpoint", "train_loop")),
-    "no_sync": Exercise("09_gradient_accumulation", 3,
-                        "train_step(ddp_model, optimizer, micro_batches, loss_fn) -> float", ("train_step",)),
-    "tensor_parallel": Exercise("15_beyond_ddp_device_mesh", 4, "plan(block) -> {name: ParallelStyle}", ("plan",)),
+EXERCISES = {  # exercises/README.md's table is made from these (python -m lessons.course --write)
+    "ring_allreduce": Exercise(
+        "02b_ring_allreduce_from_scratch", 5, "ring_all_reduce(tensor) -> None", ("ring_all_reduce",),
+        defines="`ring_all_reduce(tensor) -> None`: an in-place sum with send/recv only",
+        checked_at="2, 3, 5 ranks; lengths 1, N−1, N+1, odd; float32, float64; bytes sent counted"),
+    "average_gradients": Exercise(
+        "03_ddp_from_scratch", 3, "average_gradients(model) -> None", ("average_gradients",),
+        defines="`average_gradients(model) -> None`, called after `backward()`",
+        checked_at="3 ranks, 3 steps, against torch's DDP; tied and frozen parameters"),
+    "convert_to_ddp": Exercise(
+        "04_ddp_training", 3, "a training script run by torchrun",
+        defines="a copy of `single_process_train.py` that runs under torchrun",
+        checked_at="2, 3 ranks: final parameters equal the single-process run's"),
+    "unpadded_eval": Exercise(
+        "05_distributed_sampler", 4, "evaluate(model, dataset, batch_size) -> float", ("evaluate",),
+        defines="`evaluate(model, dataset, batch_size) -> float`",
+        checked_at="2, 3, 4 ranks; 1, 10, 11, 13 samples; every sample counted once"),
+    "resume": Exercise(
+        "07_checkpoints", 3, "save_checkpoint(...), load_checkpoint(...) -> (epoch, step), train_loop(...)",
+        ("save_checkpoint", "load_checkpoint", "train_loop"),
+        defines="`save_checkpoint(path, ddp_model, optimizer, epoch, step)`, `load_checkpoint(path, ddp_model, "
+                "optimizer) -> (epoch, step)`, `train_loop(ddp_model, optimizer, sampler, loader, epochs, path, "
+                "train_step)`",
+        checked_at="2, 3 ranks: the resumed run hashes like the uninterrupted one; your loop, stopped mid-epoch and "
+                   "resumed, trains every batch once, in order"),
+    "no_sync": Exercise(
+        "09_gradient_accumulation", 3, "train_step(ddp_model, optimizer, micro_batches, loss_fn) -> float",
+        ("train_step",),
+        defines="`train_step(ddp_model, optimizer, micro_batches, loss_fn) -> float`",
+        checked_at="3 ranks, k = 1 and 3, and micro-batches of 5 and 3 samples: one all-reduce per step, the big "
+                   "batch's gradient"),
     # Six tiny scripts run in a second once started: a hang is called sooner.
-    "find_the_hang": Exercise("11_debugging", 3, "a folder of fixed scripts", timeout=10.0),
+    "find_the_hang": Exercise(
+        "11_debugging", 3, "a folder of fixed scripts", timeout=10.0,
+        defines="fixed copies of the three scripts in `find_the_hang/`",
+        checked_at="3 ranks: each finishes, with the reference's `RESULT`"),
+    "tensor_parallel": Exercise(
+        "15_beyond_ddp_device_mesh", 4, "plan(block) -> {name: ParallelStyle}", ("plan",),
+        defines="`plan(block) -> {name: ParallelStyle}` for a gated MLP",
+        checked_at="2, 4 ranks: output and gradients equal one process's, one all-reduce per forward"),
 }
 
 

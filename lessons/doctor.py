@@ -635,7 +635,7 @@ def _compare_reasons(record, single_record, ranks_params, one_params, names, npr
 # --- The command line -------------------------------------------------------------------------------------------
 
 def main(argv: list[str]) -> int:
-    """python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]"""
+    """The command line: USAGE."""
     import argparse
     import sys
 
