@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@# TMPDIR: uv leaves a lock file behind in its temporary directory; let that be the venv's, not /tmp.
 	$(PY) -m pip install --quiet --disable-pip-version-check $(UV) && mkdir -p $(VENV)/tmp \
 	  && TMPDIR=$(abspath $(VENV))/tmp $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode \
-	     -c constraints.txt -e '.[test]' \
+	     -c constraints.txt -e '.[course,test]' \
 	  || { echo "uv failed: installing with pip" \
-	       && $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[test]' \
+	       && $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[course,test]' \
 	       && { $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true; }; }
 	touch $(STAMP)
 
@@ -88,7 +88,8 @@ gpu-check: setup
 	$(PY) -m lessons.gpu_check
 
 # The template, two exercise checks and the doctor on torch 2.4 and the newest torch, each in its own venv in
-# .compat/ with the course pip-installed as a learner would (uv's cache keeps the wheels). Not part of make test.
+# .compat/ with the tools installed from the course's wheel, and run from a folder outside the checkout, as a learner
+# would in a project of their own (uv's cache keeps the wheels). Not part of make test.
 compat: setup
 	$(PY) benchmarks/compat.py
 

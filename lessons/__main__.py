@@ -1,14 +1,18 @@
-"""`python -m lessons doctor ...`: the DDP doctor from a terminal (lessons/doctor.py holds its usage line)."""
+"""`python -m lessons doctor ...` and `python -m lessons check ...`: the take-home tools from a terminal (installed,
+also `ddp-doctor` and `ddp-check`). Each tool's module holds its usage line."""
 import sys
 
-COMMANDS = ("doctor",)
+COMMANDS = ("doctor", "check")
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        from lessons.doctor import USAGE
+        from lessons.check import USAGE as CHECK_USAGE
+        from lessons.doctor import USAGE as DOCTOR_USAGE
 
-        print(f"usage: {USAGE}  (commands: {', '.join(COMMANDS)})", file=sys.stderr)
+        print(f"usage: {DOCTOR_USAGE}\n       {CHECK_USAGE}", file=sys.stderr)
         sys.exit(2)
-    from lessons.doctor import main
-
+    if sys.argv[1] == "doctor":
+        from lessons.doctor import main
+    else:
+        from lessons.check import main
     sys.exit(main(sys.argv[2:]))

@@ -1,4 +1,5 @@
-"""Check an exercise on real ranks: ``python -m lessons.check NAME [PATH]``, or ``lessons.check("NAME")`` in a cell.
+"""Check an exercise on real ranks: ``python -m lessons check NAME [PATH]`` (or ``ddp-check``, or the older
+``python -m lessons.check``), or ``lessons.check("NAME")`` in a cell.
 
 The check launches a course-owned script (lessons/exercise_checks/NAME.py) under torchrun, which imports the
 learner's file by path and runs it at sizes the learner did not try, measuring what it does. The first line
@@ -27,7 +28,9 @@ from .stacks import where
 warnings.filterwarnings("ignore", message=r"'lessons\.check' found in sys\.modules", category=RuntimeWarning)
 
 ROOT = Path(__file__).resolve().parent.parent
-EXERCISES_DIR = ROOT / "exercises"
+# The learner's files: the checkout's exercises/ (make lab), or, where the tools are installed into another
+# project, exercises/ under the folder the check runs from (any other path is given: ddp-check NAME PATH).
+EXERCISES_DIR = ROOT / "exercises" if (ROOT / "exercises").is_dir() else Path("exercises")
 CHECKS_DIR = Path(__file__).resolve().parent / "exercise_checks"
 HANG_TIMEOUT_S = 30.0  # after every rank has started: a correct answer takes a few seconds
 FAIL_PREFIX, CASE_PREFIX, START_LINE = "EXERCISE FAIL ", "EXERCISE CASE ", "EXERCISE START"
@@ -259,11 +262,14 @@ def _tail(outputs: dict[int, str]) -> list[str]:
     return [f"rank {r}: {ln}" for r, text in outputs.items() for ln in text.strip().splitlines()[-5:]]
 
 
+USAGE = "python -m lessons check NAME [PATH]"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not 1 <= len(argv) <= 2 or argv[0] in ("-h", "--help"):
         exercises = "".join(f"\n    {n:<18} lesson {e.lesson[:2]}: {e.what}" for n, e in EXERCISES.items())
-        print(f"usage: python -m lessons.check NAME [PATH]\n  NAME: one of{exercises}\n"
+        print(f"usage: {USAGE}\n  NAME: one of{exercises}\n"
               "  PATH: the file to check (default exercises/NAME.py; for find_the_hang a folder)", file=sys.stderr)
         return 2
     try:
@@ -272,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0 if result.passed else 1
+
+
+def console() -> int:
+    """The ddp-check command (pyproject.toml's [project.scripts]); python -m lessons.check is the same."""
+    return main()
 
 
 if __name__ == "__main__":

@@ -24,10 +24,33 @@ from pathlib import Path
 from .launch import LaunchError, LaunchResult, torchrun
 
 SITE_DIR = Path(__file__).resolve().parent / "doctor_site"
-# Most serious first: what changes the trained model, then what hangs or wastes, then what is merely risky.
-CODES = ("separate-models", "collectives-differ", "unequal-batches", "same-samples", "datasets-differ",
-         "params-diverged", "no-set-epoch", "sampler-recreated", "rank-from-local-rank", "save-on-every-rank",
-         "load-without-map-location", "map-location-maps-nothing", "weights-only-off", "no-destroy")
+SITE_FILE = SITE_DIR / "sitecustomize.py"  # the instruments: loaded into every rank by Python itself
+
+
+@dataclass(frozen=True)
+class Code:
+    """A finding's stable code: how serious it is, and what it says in one phrase (lesson 14b's table says more)."""
+    severity: int  # 1 the trained model is not the one intended; 2 a waste or a corrupted file; 3 a risk
+    what: str
+
+
+# In the order the findings are listed: the most serious first, and within a severity as here.
+CODES = {
+    "separate-models": Code(1, "every rank trains a model of its own"),
+    "collectives-differ": Code(1, "the ranks call other collectives, or other shapes, at the same point"),
+    "unequal-batches": Code(1, "the ranks train different numbers of batches"),
+    "same-samples": Code(1, "the ranks train on the same samples"),
+    "datasets-differ": Code(1, "the ranks' loaders read different data sets"),
+    "params-diverged": Code(1, "the ranks end with different parameters"),
+    "no-set-epoch": Code(1, "a shuffling DistributedSampler feeds every epoch the same order"),
+    "sampler-recreated": Code(1, "a new DistributedSampler each epoch restarts the order"),
+    "rank-from-local-rank": Code(1, "the global rank is taken from LOCAL_RANK"),
+    "save-on-every-rank": Code(2, "every rank writes the same checkpoint"),
+    "load-without-map-location": Code(3, "a load puts every rank's tensors where they were saved from"),
+    "map-location-maps-nothing": Code(3, "a map_location that maps no device the file holds"),
+    "weights-only-off": Code(3, "torch.load(weights_only=False) runs code from the file"),
+    "no-destroy": Code(3, "the process group is never destroyed"),
+}
 PARAMS_ATOL = 1e-6  # float32 all-reduced gradients give the ranks the same bits; any drift is a real difference
 COMPARE_RTOL = 1e-4  # N ranks against one process: other summation orders, amplified over the steps (lesson 04)
 SAME_SAMPLES = 0.5  # ranks sharing more than half their samples in a pass: no sharding, not a padded shard
@@ -51,6 +74,7 @@ class DoctorReport:
     error: str | None = None  # why the script did not run to the end, in one line (a hang: where each rank was)
     compare: list[str] = field(default_factory=list)  # --compare: the lines starting "compare:"
     compare_status: int | None = None  # 0 the same model, 1 not, 2 no comparison possible
+    record: Record | None = field(default=None, repr=False)  # what the ranks recorded (lessons/doctor_events.py)
 
     @property
     def status(self) -> int:
@@ -92,11 +116,12 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
         return DoctorReport(error=f"nodes must be 1 to 4 (torchrun agents on this machine), got {nodes!r}")
     if compare and nodes > 1:
         return DoctorReport(error="--compare runs one node against one process: leave out --nodes")
-    spawn = spawn_call(Path(script))
-    if spawn:  # found without a launch; the ranks' own instrument would stop it too, a few seconds later
-        return DoctorReport(error=_spawn_error(spawn))
+    if not SITE_FILE.is_file():  # an install without the instruments would see nothing, and say so
+        return DoctorReport(error=f"the doctor's instruments are missing from this install ({SITE_FILE}):"
+                                  " reinstall the package (pip install --force-reinstall ddp-lessons)")
     report, record = _run(script, nproc, args, timeout, show, env, nodes, {"LESSONS_DOCTOR_COMPARE": "1"}
                           if compare else {})
+    report.record = record
     if record is not None:
         report.findings = examine_record(record, nproc * nodes, crashed=report.error is not None)
     if compare:
@@ -128,6 +153,11 @@ def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[Doc
         except (ValueError, TypeError, FileNotFoundError) as error:  # bad arguments (nproc, timeout): one line
             return DoctorReport(error=str(error)), None
         record = read_record(Path(out_dir), nproc * nodes)
+    unseen = [rank for rank, events in record.events.items() if not any(e["event"] == "start" for e in events)]
+    if unseen:  # never "no findings" about a rank it did not see
+        return DoctorReport(launch=report.launch, error=report.error or (
+            f"the doctor did not see rank {unseen[0]}: its instruments did not load there ({SITE_FILE.name} from"
+            f" {SITE_DIR} first on PYTHONPATH; python -E or -I ignores it), so it can't say what the run did")), None
     if record.errors:  # the instruments failed in a rank: what it recorded is not the whole story
         rank, why = min(record.errors.items())
         report.error = f"the doctor's instruments failed in rank {rank} (please report it): {why}"
@@ -141,39 +171,6 @@ def _spawn_error(where: str) -> str:
     place, call = where.rsplit(": ", 1)
     return (f"{place}: the script starts its own ranks ({call}), and torchrun has already started them: run it with"
             " python, or drop the spawn and read RANK, LOCAL_RANK and WORLD_SIZE from the environment (lesson 10)")
-
-
-def spawn_call(script: Path) -> str | None:
-    """'file:line: torch.multiprocessing.spawn' where the script's own code calls mp.spawn (or start_processes)
-    on a name imported from torch.multiprocessing; None when it doesn't, or can't be parsed (the run will say)."""
-    import ast
-
-    try:
-        tree = ast.parse(script.read_text(), filename=str(script))
-    except (SyntaxError, UnicodeDecodeError, OSError):
-        return None
-    modules, functions = set(), {}  # local names of torch.multiprocessing, and of its spawn functions
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules |= {a.asname or a.name for a in node.names if a.name == "torch.multiprocessing" and a.asname}
-        elif isinstance(node, ast.ImportFrom) and node.module == "torch":  # from torch import multiprocessing as mp
-            modules |= {a.asname or a.name for a in node.names if a.name == "multiprocessing"}
-        elif isinstance(node, ast.ImportFrom) and node.module == "torch.multiprocessing":
-            functions.update({a.asname or a.name: a.name for a in node.names if a.name in ("spawn",
-                                                                                           "start_processes")})
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        name = None
-        if isinstance(node.func, ast.Attribute) and node.func.attr in ("spawn", "start_processes"):
-            owner = ast.unparse(node.func.value)
-            if owner in modules or owner == "torch.multiprocessing":
-                name = node.func.attr
-        elif isinstance(node.func, ast.Name) and node.func.id in functions:
-            name = functions[node.func.id]
-        if name:
-            return f"{_shown_path(str(script))}:{node.lineno}: torch.multiprocessing.{name}"
-    return None
 
 
 def _why_it_stopped(error: LaunchError) -> str:
@@ -289,11 +286,15 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
     if not crashed:
         exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
         undestroyed = [rank for rank, e in exits.items() if e and e["initialized"]]
-        if undestroyed and all(exits.values()):
+        # Lightning and Accelerate make the group, and tear it down as they see fit (Lightning leaves a gloo
+        # group to the interpreter's exit): the script has no line to change.
+        by_library = any(e.get("by_library") for evs in events.values() for e in evs if e["event"] == "init")
+        if undestroyed and all(exits.values()) and not by_library:
             found.append(Finding("no-destroy", (
                 f"rank(s) {', '.join(map(str, undestroyed))} exited with the process group never destroyed; end with"
                 " dist.destroy_process_group(), or the exit can hang or abort (lesson 00)")))
-    return sorted(found, key=lambda f: CODES.index(f.code))
+    order = list(CODES)
+    return sorted(found, key=lambda f: (CODES[f.code].severity, order.index(f.code)))
 
 
 def _first(events, kind):
@@ -666,3 +667,9 @@ def main(argv: list[str]) -> int:
                     compare=options.compare, nodes=options.nodes)
     print(report)
     return report.status
+
+
+def console() -> int:
+    """The ddp-doctor command (pyproject.toml's [project.scripts])."""
+    import sys
+    return main(sys.argv[1:])

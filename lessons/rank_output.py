@@ -128,10 +128,16 @@ def read(path: Path) -> str:
 
 
 def parse_result(text: str) -> dict | None:
-    """The JSON of the last `RESULT {...}` line in a script's output, or None."""
+    """The JSON of the last `RESULT {...}` line in a script's output, or None. A line that starts the same way and
+    holds no JSON object is the script's own business (a learner's log line), not a result: it is passed over."""
     for line in reversed(text.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+            try:
+                value = json.loads(line[len(RESULT_PREFIX):])
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
     return None
 
 

@@ -9,6 +9,7 @@ two ranks record, without a launch.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -97,17 +98,59 @@ def test_the_command_line_says_what_it_takes():
     assert subprocess.run([sys.executable, "-m", "lessons", "cure"], cwd=ROOT, capture_output=True).returncode == 2
 
 
-@pytest.mark.parametrize("imported, called", [("import torch.multiprocessing as mp", "mp.spawn"),
-                                               ("from torch import multiprocessing", "multiprocessing.spawn"),
-                                               ("from torch.multiprocessing import start_processes as go", "go")])
-def test_a_script_that_spawns_its_own_ranks_is_named_at_once(tmp_path, imported, called):
-    """Read from the script, before any launch (the ranks' instrument would refuse the spawn too, seconds later)."""
-    script = tmp_path / "spawns.py"
-    script.write_text(f"{imported}\n\n\ndef main(rank):\n    pass\n\n\n"
-                      f"if __name__ == '__main__':\n    {called}(main, nprocs=2)\n")
-    report = lessons.doctor(script, nproc=2)
-    assert report.status == 2 and report.launch is None
-    assert "spawns.py:9: the script starts its own ranks (torch.multiprocessing." in report.error, report.error
+SPAWNS = FIXTURES / "doctor" / "spawns_under_a_flag.py"
+
+
+def test_a_spawn_is_refused_when_the_run_spawns_and_odd_output_is_the_scripts_business(launch_env):
+    """Like imagenet/main.py: mp.spawn only under a flag. Without it the script runs under the doctor's torchrun, and
+    lines that start like the course's RESULT convention but hold no JSON object crash nothing; every event of this
+    real run matches lessons/doctor_events.py. With the flag the spawn is refused when called: exit 2, its line."""
+    from lessons.doctor_events import problems
+
+    plain = lessons.doctor(SPAWNS, nproc=2, env=launch_env)
+    assert (plain.status, str(plain)) == (0, "no findings"), str(plain)
+    events = [e for evs in plain.record.events.values() for e in evs]
+    assert {e["event"] for e in events} >= {"start", "init", "sampler", "loader", "pass", "batch", "pass_end",
+                                            "optimizer", "wrapper", "exit"}
+    assert [p for e in events for p in problems(e)] == []
+    spawning = lessons.doctor(SPAWNS, nproc=2, args=["--multiprocessing-distributed"], env=launch_env)
+    assert spawning.status == 2, str(spawning)
+    assert "spawns_under_a_flag.py:38: the script starts its own ranks (torch.multiprocessing.spawn)" \
+        in spawning.error, spawning.error
+
+
+@pytest.mark.parametrize("script", ["digits_lightning.py", "digits_accelerate.py"])
+def test_a_library_run_is_the_same_run_under_the_doctor(script, tmp_path, launch_env):
+    """Lightning rebuilds the loader it shards from DataLoader.__init__'s signature: under instruments that did
+    not keep it, batch 1 and 1792 steps. The same batches, steps and final weights with and without the doctor; no
+    finding (the library made the group, and its teardown is the library's)."""
+    import torch
+
+    from conftest import SCRIPTS
+    from lessons.doctor import passes_of
+
+    args = ["--batch-size", 64, "--epochs", 1]
+    lessons.torchrun(SCRIPTS / script, nproc=2, args=[*args, "--save", tmp_path / "plain.pt"], show=False,
+                     env=launch_env)
+    report = lessons.doctor(SCRIPTS / script, nproc=2, args=[*args, "--save", tmp_path / "doctored.pt"],
+                            env=launch_env)
+    assert report.status == 0, str(report)
+    for rank, events in report.record.events.items():  # 1792 digits, 64 a step over 2 ranks: 28 steps
+        trained = [p for p in passes_of(events) if p.trained]
+        assert sum(p.batches for p in trained) == 28, (rank, [(p.loader["site"], p.batches) for p in trained])
+        assert next(e["steps"] for e in events if e["event"] == "exit") == 28
+        assert {p.loader["batch_size"] for p in trained} <= {32, None}  # None: Accelerate's batch_sampler
+    plain, doctored = (torch.load(tmp_path / name, weights_only=True) for name in ("plain.pt", "doctored.pt"))
+    assert plain.keys() == doctored.keys() and all(torch.equal(plain[k], doctored[k]) for k in plain)
+
+
+def test_the_findings_are_ordered_by_severity_and_lesson_14b_lists_every_code():
+    severities = [code.severity for code in CODES.values()]
+    assert severities == sorted(severities) and set(severities) == {1, 2, 3}
+    notebook = json.loads((ROOT / "notebooks" / "14b_the_ddp_doctor.ipynb").read_text())
+    tables = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
+    listed = set(re.findall(r"^\| `([a-z-]+)` \|", tables, re.M))
+    assert listed == set(CODES), f"lesson 14b's table of codes: missing {set(CODES) - listed}, extra {listed - set(CODES)}"
 
 
 @pytest.mark.parametrize("extra", [{}, {"RANK": "0", "LOCAL_RANK": "0", "LESSONS_DOCTOR_RANK_PID": "1"}])

@@ -17,7 +17,8 @@ def conda_pip_requirements() -> list[str]:
 
 def test_same_packages_as_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {name_of(r) for r in project["dependencies"] + project["optional-dependencies"]["test"]}
+    extras = project["optional-dependencies"]
+    wanted = {name_of(r) for r in project["dependencies"] + extras["course"] + extras["test"]}
     conda = {name_of(r) for r in conda_pip_requirements() if not r.startswith("-e")}
     assert conda == wanted
 

@@ -123,11 +123,11 @@ def test_a_syntax_error_or_a_missing_script_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    ([], "usage: python -m lessons.check NAME [PATH]"),
+    ([], "usage: python -m lessons check NAME [PATH]"),
     (["no_such_exercise"], "error: unknown exercise 'no_such_exercise': one of ring_allreduce, "),
     (["ring_allreduce", "no/such/file.py"], "error: no such file: no/such/file.py"),
     (["find_the_hang", "exercises/find_the_hang/early_stop.py"], "error: find_the_hang checks a folder"),
-    (["resume", "a.py", "b.py"], "usage: python -m lessons.check NAME [PATH]"),
+    (["resume", "a.py", "b.py"], "usage: python -m lessons check NAME [PATH]"),
 ])
 def test_bad_usage_exits_2(argv, message, capsys):
     assert check_module.main(argv) == 2

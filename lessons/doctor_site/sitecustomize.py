@@ -2,9 +2,15 @@
 
 The doctor puts this directory first on the ranks' PYTHONPATH, so Python imports this file at start-up, before the
 script. It records what the rank does into LESSONS_DOCTOR_DIR/rank<R>.jsonl, one JSON event per line, written as it
-happens (a rank that hangs and is killed has still written what it did). Every event names the script's line that
-caused it ("site": the first frame outside torch and this file). It is inert in torchrun's agent (no RANK), without
-LESSONS_DOCTOR_DIR, and in any process a rank starts (DataLoader workers, compile workers).
+happens (a rank that hangs and is killed has still written what it did); lessons/doctor_events.py describes every
+event. Every event names the script's line that caused it ("site": the first frame outside torch and this file). It
+is inert in torchrun's agent (no RANK), without LESSONS_DOCTOR_DIR, and in any process a rank starts (DataLoader
+workers, compile workers).
+
+It must not change the run it watches: every callable it replaces keeps the original's signature, name and
+attributes (functools.wraps), because libraries read them (Lightning rebuilds a DataLoader from the parameters of
+DataLoader.__init__'s signature). One installer per area: data, optimizers, wrappers, the process group and its
+collectives, files, the end.
 
 What it records, and why (lessons/doctor.py turns it into findings):
 - samplers and loaders as they are made (the data set's fingerprint, num_replicas, rank, the batch size), and each
@@ -23,51 +29,74 @@ INDICES_PER_PASS = 200_000  # the indices kept of one pass: enough to compare ra
 RECORDED_PASSES = 4  # per loader site: the first passes are enough to see who drew what
 
 
-def _install(out_dir, rank):
-    import atexit
-    import gc
-    import hashlib
-    import json
+def _replace(owner, name, make):
+    """owner.name = make(original), keeping the original's signature, name and attributes."""
+    import functools
+    original = getattr(owner, name)
+    setattr(owner, name, functools.wraps(original)(make(original)))
 
-    import torch
-    import torch.distributed as dist
-    # Not an instrument: the course's teardown fix (ddp_scripts/ddp_common.py, appendix section 5), so that a
-    # script's rare abort at exit (a gloo thread meeting Python's shutdown) never fails the doctor's launch. Imported
-    # here, before the script's init_process_group; the garbage is collected in at_exit below.
-    import torch.distributed.nn  # noqa: F401
-    import torch.optim.optimizer as optimizer_module
-    import torch.utils.data.dataloader as dataloader_module
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler
 
-    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    log = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a", buffering=1)  # line-buffered: survives a kill
-    state = {"steps": 0, "objects": 0, "last_rng": None, "new_pass": True, "rng_per_step": False}
+class _Recorder:
+    """What every installer shares: the rank's log, the ids it gives, where a call came from."""
 
-    def event(what, **fields):
-        log.write(json.dumps({"event": what, **fields}) + "\n")
+    def __init__(self, out_dir, rank):
+        import json
 
-    def site(skip_torch=True):
+        import torch
+        self.out_dir, self.rank, self.torch, self._json = out_dir, rank, torch, json
+        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.log = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a", buffering=1)  # line-buffered: survives a kill
+        self.steps, self.objects = 0, 0
+        self.last_rng, self.new_pass, self.rng_per_step = None, True, False
+        self.optimizers = []  # held: a model local to main() is gone by exit
+        self.first_params, self.after_first = {}, {}  # --compare: each optimizer's parameters before and after step 1
+        self.wrapped = []  # the modules DDP wraps
+        self.at_exit = []  # what each installer adds to the exit
+
+    def event(self, what, **fields):
+        self.log.write(self._json.dumps({"event": what, **fields}) + "\n")
+
+    def site(self, skip_torch=True):
         """file:line of the first frame that is the script's (or a library's), not torch's or this file's."""
         frame = sys._getframe(1)
         while frame is not None:
             name = os.path.abspath(frame.f_code.co_filename)
-            if name != _THIS_FILE and not (skip_torch and name.startswith(torch_dir)) \
+            if name != _THIS_FILE and not (skip_torch and name.startswith(self.torch_dir)) \
                     and not frame.f_code.co_filename.startswith("<frozen"):
                 return f"{shown_path(name)}:{frame.f_lineno}"
             frame = frame.f_back
         return "?"
 
-    def called_from_torch():
+    def caller_is_a_library(self):
+        """True when the first frame outside torch and this file is an installed package's (Lightning, Accelerate)."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            name = os.path.abspath(frame.f_code.co_filename)
+            if name != _THIS_FILE and not name.startswith(self.torch_dir) and not name.startswith("<"):
+                return f"{os.sep}site-packages{os.sep}" in name or f"{os.sep}dist-packages{os.sep}" in name
+            frame = frame.f_back
+        return False
+
+    def called_from_torch(self):
         """True when the caller of our wrapper is torch itself (SyncBatchNorm, DDP's join, DCP...)."""
         frame = sys._getframe(2)
-        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(torch_dir)
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(self.torch_dir)
 
-    def new_id():
-        state["objects"] += 1
-        return state["objects"]
+    def new_id(self):
+        self.objects += 1
+        return self.objects
 
-    # --- data: data sets, samplers, loaders, passes -------------------------------------------------------------
+
+# --- data: data sets, samplers, loaders, passes ----------------------------------------------------------------------
+
+def _install_data(rec):
+    import hashlib
+    import json
+
+    import torch
+    import torch.utils.data.dataloader as dataloader_module
+    from torch.utils.data import DataLoader, DistributedSampler
+
     def digest_tensor(t, h):
         t = t.detach()
         h.update(str((tuple(t.shape), str(t.dtype))).encode())
@@ -144,176 +173,222 @@ def _install(out_dir, rank):
                 numpy.random.set_state(saved[2])
         return "".join(reads[:2]) if reads[:2] == reads[2:] else ""
 
-    original_sampler_init = DistributedSampler.__init__
+    def sampler_init(original):
+        def __init__(self, dataset, *args, **kwargs):
+            original(self, dataset, *args, **kwargs)
+            self._doctor_id = rec.new_id()
+            rec.event("sampler", sampler=self._doctor_id, site=rec.site(), num_replicas=int(self.num_replicas),
+                      rank=int(self.rank), shuffle=bool(self.shuffle), seed=int(self.seed),
+                      drop_last=bool(self.drop_last), dataset=fingerprint(dataset), length=len(dataset))
+        return __init__
 
-    def sampler_init(self, dataset, *args, **kwargs):
-        original_sampler_init(self, dataset, *args, **kwargs)
-        self._doctor_id = new_id()
-        event("sampler", sampler=self._doctor_id, site=site(), num_replicas=int(self.num_replicas),
-              rank=int(self.rank), shuffle=bool(self.shuffle), seed=int(self.seed), drop_last=bool(self.drop_last),
-              dataset=fingerprint(dataset), length=len(dataset))
-
-    DistributedSampler.__init__ = sampler_init
+    _replace(DistributedSampler, "__init__", sampler_init)
 
     override = json.loads(os.environ.get("LESSONS_DOCTOR_BATCH", "null"))  # --compare: {"site": s, "batch": b}
-    original_loader_init = DataLoader.__init__
 
-    def loader_init(self, dataset, *args, **kwargs):
-        where = site()
-        asked = kwargs.get("batch_size", args[0] if args else 1)
-        if override and where == override["site"] and asked is not None and asked != override["batch"]:
-            if args:
-                args = (override["batch"], *args[1:])
-            else:
-                kwargs["batch_size"] = override["batch"]
-        original_loader_init(self, dataset, *args, **kwargs)
-        self._doctor_id, self._doctor_passes = new_id(), 0
-        sampler = self.sampler if isinstance(self.sampler, DistributedSampler) else None
-        try:
-            length = len(dataset)
-        except Exception:  # noqa: BLE001
-            length = None
-        event("loader", loader=self._doctor_id, site=where, batch_size=self.batch_size, asked_batch_size=asked,
-              sampler=getattr(sampler, "_doctor_id", None), sampler_type=type(self.sampler).__name__,
-              batch_sampler=type(self.batch_sampler).__name__ if self.batch_sampler is not None else None,
-              dataset=fingerprint(dataset, read_samples=self.num_workers == 0), length=length,
-              drop_last=bool(self.drop_last))
+    def loader_init(original):
+        def __init__(self, dataset, *args, **kwargs):
+            where = rec.site()
+            asked = kwargs.get("batch_size", args[0] if args else 1)
+            if override and where == override["site"] and asked is not None and asked != override["batch"]:
+                if args:
+                    args = (override["batch"], *args[1:])
+                else:
+                    kwargs["batch_size"] = override["batch"]
+            original(self, dataset, *args, **kwargs)
+            self._doctor_id, self._doctor_passes = rec.new_id(), 0
+            sampler = self.sampler if isinstance(self.sampler, DistributedSampler) else None
+            try:
+                length = len(dataset)
+            except Exception:  # noqa: BLE001
+                length = None
+            rec.event("loader", loader=self._doctor_id, site=where, batch_size=self.batch_size,
+                      asked_batch_size=asked, sampler=getattr(sampler, "_doctor_id", None),
+                      sampler_type=type(self.sampler).__name__,
+                      batch_sampler=type(self.batch_sampler).__name__ if self.batch_sampler is not None else None,
+                      dataset=fingerprint(dataset, read_samples=self.num_workers == 0), length=length,
+                      drop_last=bool(self.drop_last))
+        return __init__
 
-    DataLoader.__init__ = loader_init
+    _replace(DataLoader, "__init__", loader_init)
 
-    original_iter_init = dataloader_module._BaseDataLoaderIter.__init__
-    original_next_index = dataloader_module._BaseDataLoaderIter._next_index
-    original_next = dataloader_module._BaseDataLoaderIter.__next__
+    def iter_init(original):
+        def __init__(self, loader, *args, **kwargs):
+            original(self, loader, *args, **kwargs)
+            loader_id = getattr(loader, "_doctor_id", None)
+            if loader_id is None:
+                self._doctor = None
+                return
+            loader._doctor_passes += 1
+            sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
+            self._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
+                            "record": loader._doctor_passes <= RECORDED_PASSES}
+            rec.new_pass = True
+            rec.event("pass", loader=loader_id, number=loader._doctor_passes, site=rec.site(), steps=rec.steps,
+                      sampler=getattr(sampler, "_doctor_id", None), epoch=int(sampler.epoch) if sampler else None)
+        return __init__
 
-    def iter_init(self, loader, *args, **kwargs):
-        original_iter_init(self, loader, *args, **kwargs)
-        loader_id = getattr(loader, "_doctor_id", None)
-        if loader_id is None:
-            self._doctor = None
-            return
-        loader._doctor_passes += 1
-        sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
-        self._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
-                        "record": loader._doctor_passes <= RECORDED_PASSES}
-        state["new_pass"] = True
-        event("pass", loader=loader_id, number=loader._doctor_passes, site=site(), steps=state["steps"],
-              sampler=getattr(sampler, "_doctor_id", None), epoch=int(sampler.epoch) if sampler else None)
-
-    def next_index(self):
-        index = original_next_index(self)
-        doctor = getattr(self, "_doctor", None)
-        if doctor is not None and doctor["record"] and len(doctor["indices"]) < INDICES_PER_PASS:
-            try:  # a map-style data set's indices; an iterable one's are None, a custom sampler's anything
-                doctor["indices"].extend(int(i) for i in (index if isinstance(index, (list, tuple)) else [index]))
-            except (TypeError, ValueError):
-                doctor["record"], doctor["indices"] = False, []
-        return index
-
-    def next_batch(self):
-        doctor = getattr(self, "_doctor", None)
-        try:
-            batch = original_next(self)
-        except StopIteration:
-            if doctor is not None and not doctor.get("ended"):
-                doctor["ended"] = True
-                pass_end(doctor)
-            raise
-        if doctor is not None:
-            doctor["batches"] += 1
-            event("batch", loader=doctor["loader"], number=doctor["pass"], n=doctor["batches"], steps=state["steps"])
-        return batch
+    def next_index(original):
+        def _next_index(self):
+            index = original(self)
+            doctor = getattr(self, "_doctor", None)
+            if doctor is not None and doctor["record"] and len(doctor["indices"]) < INDICES_PER_PASS:
+                try:  # a map-style data set's indices; an iterable one's are None, a custom sampler's anything
+                    doctor["indices"].extend(int(i) for i in (index if isinstance(index, (list, tuple)) else [index]))
+                except (TypeError, ValueError):
+                    doctor["record"], doctor["indices"] = False, []
+            return index
+        return _next_index
 
     def pass_end(doctor):
         indices = doctor["indices"] if doctor["record"] else None
-        event("pass_end", loader=doctor["loader"], number=doctor["pass"], batches=doctor["batches"],
-              steps=state["steps"], indices=indices)
+        rec.event("pass_end", loader=doctor["loader"], number=doctor["pass"], batches=doctor["batches"],
+                  steps=rec.steps, indices=indices)
 
-    dataloader_module._BaseDataLoaderIter.__init__ = iter_init
-    dataloader_module._BaseDataLoaderIter._next_index = next_index
-    dataloader_module._BaseDataLoaderIter.__next__ = next_batch
+    def next_batch(original):
+        def __next__(self):
+            doctor = getattr(self, "_doctor", None)
+            try:
+                batch = original(self)
+            except StopIteration:
+                if doctor is not None and not doctor.get("ended"):
+                    doctor["ended"] = True
+                    pass_end(doctor)
+                raise
+            if doctor is not None:
+                doctor["batches"] += 1
+                rec.event("batch", loader=doctor["loader"], number=doctor["pass"], n=doctor["batches"],
+                          steps=rec.steps)
+            return batch
+        return __next__
 
-    # --- optimizers: steps, and the parameters to compare at exit ---------------------------------------------
-    optimizers = []  # held: a model local to main() is gone by exit
-    original_optimizer_init = torch.optim.Optimizer.__init__
+    base_iter = dataloader_module._BaseDataLoaderIter
+    _replace(base_iter, "__init__", iter_init)
+    _replace(base_iter, "_next_index", next_index)
+    _replace(base_iter, "__next__", next_batch)
 
-    def optimizer_init(self, params, *args, **kwargs):
-        original_optimizer_init(self, params, *args, **kwargs)
-        if not hasattr(self, "_doctor_id"):  # a subclass's __init__ may call this more than once
-            self._doctor_id = new_id()
-            optimizers.append(self)
-            event("optimizer", optimizer=self._doctor_id, site=site(), kind=type(self).__name__)
 
-    torch.optim.Optimizer.__init__ = optimizer_init
-    first_params = {}
+# --- optimizers: steps, and the parameters to compare at exit --------------------------------------------------------
+
+def _install_optimizers(rec):
+    import hashlib
+
+    import torch
+    import torch.optim.optimizer as optimizer_module
+
+    def optimizer_init(original):
+        def __init__(self, params, *args, **kwargs):
+            original(self, params, *args, **kwargs)
+            if not hasattr(self, "_doctor_id"):  # a subclass's __init__ may call this more than once
+                self._doctor_id = rec.new_id()
+                rec.optimizers.append(self)
+                rec.event("optimizer", optimizer=self._doctor_id, site=rec.site(), kind=type(self).__name__)
+        return __init__
+
+    _replace(torch.optim.Optimizer, "__init__", optimizer_init)
+    comparing = bool(os.environ.get("LESSONS_DOCTOR_COMPARE"))
+
+    def parameters(optimizer):
+        return [p.detach().float().cpu().clone() for g in optimizer.param_groups for p in g["params"]]
 
     def before_step(optimizer, args, kwargs):
-        if os.environ.get("LESSONS_DOCTOR_COMPARE") and optimizer in optimizers and not first_params.get(id(optimizer)):
-            first_params[id(optimizer)] = [p.detach().float().cpu().clone() for g in optimizer.param_groups
-                                           for p in g["params"]]
-
-    after_first = {}
+        if comparing and optimizer in rec.optimizers and not rec.first_params.get(id(optimizer)):
+            rec.first_params[id(optimizer)] = parameters(optimizer)
 
     def after_step(optimizer, args, kwargs):
-        state["steps"] += 1
-        if os.environ.get("LESSONS_DOCTOR_COMPARE") and optimizer in optimizers and id(optimizer) not in after_first:
-            after_first[id(optimizer)] = [p.detach().float().cpu().clone() for g in optimizer.param_groups
-                                          for p in g["params"]]
+        rec.steps += 1
+        if comparing and optimizer in rec.optimizers and id(optimizer) not in rec.after_first:
+            rec.after_first[id(optimizer)] = parameters(optimizer)
         rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()
-        if state["last_rng"] is not None and not state["new_pass"] and rng != state["last_rng"]:
-            if not state["rng_per_step"]:
-                state["rng_per_step"] = True
-                event("rng_per_step", site=site(), steps=state["steps"])
-        state["last_rng"], state["new_pass"] = rng, False
+        if rec.last_rng is not None and not rec.new_pass and rng != rec.last_rng and not rec.rng_per_step:
+            rec.rng_per_step = True
+            rec.event("rng_per_step", site=rec.site(), steps=rec.steps)
+        rec.last_rng, rec.new_pass = rng, False
 
     optimizer_module.register_optimizer_step_pre_hook(before_step)
     optimizer_module.register_optimizer_step_post_hook(after_step)
 
-    # --- wrappers: DDP, FSDP ---------------------------------------------------------------------------------
-    wrapped = []
-    original_ddp_init = DistributedDataParallel.__init__
+    def parameters_at_exit(params):
+        for i, optimizer in enumerate(rec.optimizers):
+            tensors = [p for g in optimizer.param_groups for p in g["params"]]
+            if any(type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor" for p in tensors):
+                continue  # shards: each rank holds its own part, nothing to compare
+            for j, p in enumerate(tensors):
+                params[f"opt{i}.{j}"] = p.detach().float().cpu()
+            for j, p in enumerate(rec.first_params.get(id(optimizer), [])):
+                params[f"start.opt{i}.{j}"] = p
+            for j, p in enumerate(rec.after_first.get(id(optimizer), [])):
+                params[f"first.opt{i}.{j}"] = p
 
-    def ddp_init(self, module, *args, **kwargs):
-        original_ddp_init(self, module, *args, **kwargs)
-        wrapped.append(self.module)
-        event("wrapper", kind="DistributedDataParallel", site=site())
+    rec.at_exit.append(parameters_at_exit)
 
-    DistributedDataParallel.__init__ = ddp_init
+
+# --- wrappers: DDP, FSDP ---------------------------------------------------------------------------------------------
+
+def _install_wrappers(rec):
+    from torch.nn.parallel import DistributedDataParallel
+
+    def ddp_init(original):
+        def __init__(self, module, *args, **kwargs):
+            original(self, module, *args, **kwargs)
+            rec.wrapped.append(self.module)
+            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site())
+        return __init__
+
+    _replace(DistributedDataParallel, "__init__", ddp_init)
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
-        original_fsdp_init = FullyShardedDataParallel.__init__
 
-        def fsdp_init(self, *args, **kwargs):
-            original_fsdp_init(self, *args, **kwargs)
-            event("wrapper", kind="FullyShardedDataParallel", site=site())
+        def fsdp_init(original):
+            def __init__(self, *args, **kwargs):
+                original(self, *args, **kwargs)
+                rec.event("wrapper", kind="FullyShardedDataParallel", site=rec.site())
+            return __init__
 
-        FullyShardedDataParallel.__init__ = fsdp_init
+        _replace(FullyShardedDataParallel, "__init__", fsdp_init)
     except Exception:  # noqa: BLE001  an old or a CPU-less build
         pass
+
+    def fully_shard_call(original):
+        def fully_shard(*args, **kwargs):
+            if not rec.called_from_torch():
+                rec.event("wrapper", kind="fully_shard", site=rec.site())
+            return original(*args, **kwargs)
+        return fully_shard  # wrapped: keeps the original's attributes (fully_shard.state, which pipelining calls)
+
     for module_name in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
         try:
             module = __import__(module_name, fromlist=["fully_shard"])
-            original_fully_shard = module.fully_shard
+            module.fully_shard  # noqa: B018  an old build has none
         except Exception:  # noqa: BLE001
             continue
+        _replace(module, "fully_shard", fully_shard_call)
 
-        def fully_shard(*args, _original=original_fully_shard, **kwargs):
-            if not called_from_torch():
-                event("wrapper", kind="fully_shard", site=site())
-            return _original(*args, **kwargs)
+    def modules_at_exit(params):
+        for i, module in enumerate(rec.wrapped):
+            for name, p in module.named_parameters():
+                params[f"ddp{i}.{name}"] = p.detach().float().cpu()
 
-        module.fully_shard = fully_shard
+    rec.at_exit.append(modules_at_exit)
 
-    # --- the process group: the rank it was given, collectives, the end ---------------------------------------
-    original_init_group = dist.init_process_group
 
-    def init_process_group(*args, **kwargs):
-        given = kwargs.get("rank", args[4] if len(args) > 4 else -1)
-        event("init", site=site(), rank_given=None if given in (None, -1) else int(given),
-              env_rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
-              world_size=int(os.environ.get("WORLD_SIZE", "1")))
-        return original_init_group(*args, **kwargs)
+# --- the process group: the rank it was given, the script's own collectives, mp.spawn --------------------------------
 
-    dist.init_process_group = init_process_group
+def _install_process_group(rec):
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as torch_mp
+
+    def init_call(original):
+        def init_process_group(*args, **kwargs):
+            given = kwargs.get("rank", args[4] if len(args) > 4 else -1)
+            rec.event("init", site=rec.site(), rank_given=None if given in (None, -1) else int(given),
+                      env_rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
+                      world_size=int(os.environ.get("WORLD_SIZE", "1")), by_library=rec.caller_is_a_library())
+            return original(*args, **kwargs)
+        return init_process_group
+
+    _replace(dist, "init_process_group", init_call)
 
     def describe(value):
         if isinstance(value, torch.Tensor):
@@ -322,27 +397,46 @@ def _install(out_dir, rank):
             return [describe(v) for v in value]
         return None  # objects (all_gather_object...): only the op and the count can be compared
 
-    def instrument(name):
-        original = getattr(dist, name)
-
-        def collective(*args, **kwargs):
-            if not called_from_torch():  # SyncBatchNorm, DDP's join, DCP: torch's own calls, not the script's
-                first = args[0] if args else next(iter(kwargs.values()), None)
-                event("collective", op=name, site=site(), shape=None if "_object" in name else describe(first),
-                      steps=state["steps"])
-            return original(*args, **kwargs)
-
-        collective.__wrapped__ = original
-        setattr(dist, name, collective)
+    def collective_call(name):
+        def make(original):
+            def collective(*args, **kwargs):
+                if not rec.called_from_torch():  # SyncBatchNorm, DDP's join, DCP: torch's own calls, not the script's
+                    first = args[0] if args else next(iter(kwargs.values()), None)
+                    rec.event("collective", op=name, site=rec.site(),
+                              shape=None if "_object" in name else describe(first), steps=rec.steps)
+                return original(*args, **kwargs)
+            return collective
+        return make
 
     for name in ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
                  "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "gather", "scatter", "barrier",
                  "all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"):
         if hasattr(dist, name):
-            instrument(name)
+            _replace(dist, name, collective_call(name))
 
-    # --- files: who saves, and where a load puts the tensors ---------------------------------------------------
-    original_save, original_load = torch.save, torch.load
+    # mp.spawn under torchrun: every rank would start its own world. Refused when it is called, not when the word
+    # is in the file: a script that spawns only under a flag (pytorch/examples' imagenet) runs under torchrun.
+    def refuse(call):
+        def make(original):
+            def spawn(*args, **kwargs):
+                rec.event("spawn", site=rec.site(), call=call)
+                raise RuntimeError(
+                    f"DDP doctor: this script starts its own ranks ({call}) while torchrun has already started"
+                    f" {os.environ.get('WORLD_SIZE', '?')}: run it with python (the doctor's torchrun can't), or"
+                    " drop the spawn and read RANK, LOCAL_RANK and WORLD_SIZE from the environment")
+            return spawn
+        return make
+
+    _replace(torch_mp, "spawn", refuse("torch.multiprocessing.spawn"))
+    _replace(torch_mp, "start_processes", refuse("start_processes"))
+
+
+# --- files: who saves, and where a load puts the tensors --------------------------------------------------------------
+
+def _install_files(rec):
+    import torch
+
+    original_load = torch.load
 
     def devices_in(obj, found, depth=0):
         if isinstance(obj, torch.Tensor):
@@ -355,10 +449,12 @@ def _install(out_dir, rank):
                 devices_in(value, found, depth + 1)
         return found
 
-    def save(obj, f, *args, **kwargs):
-        if isinstance(f, (str, os.PathLike)):  # a buffer in memory is nobody's file
-            event("save", path=os.fspath(f), site=site(), devices=sorted(devices_in(obj, set())))
-        return original_save(obj, f, *args, **kwargs)
+    def save_call(original):
+        def save(obj, f, *args, **kwargs):
+            if isinstance(f, (str, os.PathLike)):  # a buffer in memory is nobody's file
+                rec.event("save", path=os.fspath(f), site=rec.site(), devices=sorted(devices_in(obj, set())))
+            return original(obj, f, *args, **kwargs)
+        return save
 
     def saved_locations(f):
         """Where the file's storages were saved from ("cpu", "cuda:0"), read with a map_location that only
@@ -390,53 +486,57 @@ def _install(out_dir, rank):
             return "a function"
         return str(map_location)
 
-    def load(f, map_location=None, *args, weights_only=None, **kwargs):
-        where = os.fspath(f) if isinstance(f, (str, os.PathLike)) else "<a file object>"
-        event("load", path=where, site=site(), map_location=map_location_text(map_location),
-              weights_only=weights_only,
-              saved_from=saved_locations(f) if map_location is None or isinstance(map_location, dict) else None)
-        return original_load(f, map_location, *args, weights_only=weights_only, **kwargs)
+    def load_call(original):
+        def load(f, map_location=None, *args, weights_only=None, **kwargs):
+            where = os.fspath(f) if isinstance(f, (str, os.PathLike)) else "<a file object>"
+            rec.event("load", path=where, site=rec.site(), map_location=map_location_text(map_location),
+                      weights_only=weights_only,
+                      saved_from=saved_locations(f) if map_location is None or isinstance(map_location, dict)
+                      else None)
+            return original(f, map_location, *args, weights_only=weights_only, **kwargs)
+        return load
 
-    torch.save, torch.load = save, load
+    _replace(torch, "save", save_call)
+    _replace(torch, "load", load_call)
 
-    # --- mp.spawn under torchrun: every rank would start its own world -----------------------------------------
-    import torch.multiprocessing as torch_mp
 
-    def refuse(name):
-        def spawn(*args, **kwargs):
-            event("spawn", site=site(), call=name)
-            raise RuntimeError(
-                f"DDP doctor: this script starts its own ranks ({name}) while torchrun has already started"
-                f" {os.environ.get('WORLD_SIZE', '?')}: run it with python (the doctor's torchrun can't), or drop"
-                " the spawn and read RANK, LOCAL_RANK and WORLD_SIZE from the environment")
-        return spawn
+# --- the end: the parameters to compare, and whether the group was left --------------------------------------------
 
-    torch_mp.spawn, torch_mp.start_processes = refuse("torch.multiprocessing.spawn"), refuse("start_processes")
+def _install_exit(rec):
+    import atexit
+    import gc
 
-    # --- at exit ----------------------------------------------------------------------------------------------
+    import torch
+    import torch.distributed as dist
+
+    original_save = torch.save.__wrapped__ if hasattr(torch.save, "__wrapped__") else torch.save
+
     def at_exit():
         params = {}
-        for i, optimizer in enumerate(optimizers):
-            tensors = [p for g in optimizer.param_groups for p in g["params"]]
-            if any(type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor" for p in tensors):
-                continue  # shards: each rank holds its own part, nothing to compare
-            for j, p in enumerate(tensors):
-                params[f"opt{i}.{j}"] = p.detach().float().cpu()
-            for j, p in enumerate(first_params.get(id(optimizer), [])):
-                params[f"start.opt{i}.{j}"] = p
-            for j, p in enumerate(after_first.get(id(optimizer), [])):
-                params[f"first.opt{i}.{j}"] = p
-        for i, module in enumerate(wrapped):
-            for name, p in module.named_parameters():
-                params[f"ddp{i}.{name}"] = p.detach().float().cpu()
+        for add in rec.at_exit:
+            add(params)
         if params:
-            original_save(params, os.path.join(out_dir, f"rank{rank}.params.pt"))
-        event("exit", initialized=dist.is_available() and dist.is_initialized(), steps=state["steps"],
-              optimizers=len(optimizers), ddp_modules=len(wrapped), rng_per_step=state["rng_per_step"])
-        log.close()
+            original_save(params, os.path.join(rec.out_dir, f"rank{rec.rank}.params.pt"))
+        rec.event("exit", initialized=dist.is_available() and dist.is_initialized(), steps=rec.steps,
+                  optimizers=len(rec.optimizers), ddp_modules=len(rec.wrapped), rng_per_step=rec.rng_per_step)
+        rec.log.close()
         gc.collect()  # DDP's reference cycle, and the process group it holds, go while Python is still whole
 
     atexit.register(at_exit)
+
+
+def _install(out_dir, rank):
+    import torch
+    # Not an instrument: the course's teardown fix (ddp_scripts/ddp_common.py, appendix section 5), so that a
+    # script's rare abort at exit (a gloo thread meeting Python's shutdown) never fails the doctor's launch. Imported
+    # here, before the script's init_process_group; the garbage is collected at exit.
+    import torch.distributed.nn  # noqa: F401
+
+    rec = _Recorder(out_dir, rank)
+    rec.event("start", rank=rank, pid=os.getpid(), torch=torch.__version__)
+    for install in (_install_data, _install_optimizers, _install_wrappers, _install_process_group, _install_files,
+                    _install_exit):
+        install(rec)
 
 
 def shown_path(name):

@@ -1,0 +1,54 @@
+"""The DDP doctor's events: what each rank's instruments write (lessons/doctor_site/sitecustomize.py), one JSON
+object a line, and what lessons/doctor.py reads. This is the one description of them; tests/test_doctor.py checks
+every event of a real run against it.
+
+Each event is {"event": NAME, **fields}; FIELDS[NAME] gives every field and the types its value may have.
+"site" is the script's file:line that caused the event (the first frame outside torch and the instruments);
+"steps" counts the optimizer steps taken so far on this rank.
+"""
+INT, STR, BOOL, NONE, LIST, DICT = int, str, bool, type(None), list, dict
+
+FIELDS = {
+    # the instruments loaded in this rank: without it, the doctor did not see the rank
+    "start": {"rank": (INT,), "pid": (INT,), "torch": (STR,)},
+    # data: a DistributedSampler, a DataLoader, a pass over a loader, its batches, its end
+    "sampler": {"sampler": (INT,), "site": (STR,), "num_replicas": (INT,), "rank": (INT,), "shuffle": (BOOL,),
+                "seed": (INT,), "drop_last": (BOOL,), "dataset": (STR,), "length": (INT,)},
+    "loader": {"loader": (INT,), "site": (STR,), "batch_size": (INT, NONE), "asked_batch_size": (INT, NONE),
+               "sampler": (INT, NONE), "sampler_type": (STR,), "batch_sampler": (STR, NONE), "dataset": (STR,),
+               "length": (INT, NONE), "drop_last": (BOOL,)},
+    "pass": {"loader": (INT,), "number": (INT,), "site": (STR,), "steps": (INT,), "sampler": (INT, NONE),
+             "epoch": (INT, NONE)},
+    "batch": {"loader": (INT,), "number": (INT,), "n": (INT,), "steps": (INT,)},
+    "pass_end": {"loader": (INT,), "number": (INT,), "batches": (INT,), "steps": (INT,), "indices": (LIST, NONE)},
+    # models and optimizers
+    "optimizer": {"optimizer": (INT,), "site": (STR,), "kind": (STR,)},
+    "rng_per_step": {"site": (STR,), "steps": (INT,)},
+    "wrapper": {"kind": (STR,), "site": (STR,)},
+    # the process group and collectives
+    "init": {"site": (STR,), "rank_given": (INT, NONE), "env_rank": (INT,), "local_rank": (INT,),
+             "world_size": (INT,), "by_library": (BOOL,)},
+    "collective": {"op": (STR,), "site": (STR,), "shape": (LIST, NONE), "steps": (INT,)},
+    "spawn": {"site": (STR,), "call": (STR,)},
+    # checkpoints
+    "save": {"path": (STR,), "site": (STR,), "devices": (LIST,)},
+    "load": {"path": (STR,), "site": (STR,), "map_location": (STR, DICT, NONE), "weights_only": (BOOL, NONE),
+             "saved_from": (LIST, NONE)},
+    # the end: whether the group was left, and what was counted
+    "exit": {"initialized": (BOOL,), "steps": (INT,), "optimizers": (INT,), "ddp_modules": (INT,),
+             "rng_per_step": (BOOL,)},
+}
+
+
+def problems(event: dict) -> list[str]:
+    """What is wrong with one event against FIELDS: an unknown name, a missing or extra field, a wrong type."""
+    name = event.get("event")
+    if name not in FIELDS:
+        return [f"unknown event {name!r}"]
+    wanted, found = FIELDS[name], {k: v for k, v in event.items() if k != "event"}
+    wrong = [f"{name}: missing {k}" for k in wanted.keys() - found.keys()]
+    wrong += [f"{name}: unexpected {k}" for k in found.keys() - wanted.keys()]
+    wrong += [f"{name}.{k} is {type(v).__name__}, not {' or '.join(t.__name__ for t in wanted[k])}"
+              for k, v in found.items() if k in wanted and not isinstance(v, wanted[k])
+              or (isinstance(v, bool) and BOOL not in wanted.get(k, (BOOL,)))]
+    return wrong

@@ -1,0 +1,40 @@
+"""A correct DDP script that, like pytorch/examples' imagenet/main.py, starts its own ranks with mp.spawn only under
+--multiprocessing-distributed; under torchrun without it, it joins torchrun's ranks. Its output has lines a careless
+reader of the course's `RESULT {json}` convention would choke on."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def train(rank, world_size):
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
+    sampler = DistributedSampler(data)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    model = DDP(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            optimizer.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    if rank == 0:
+        print("RESULT: the loss went down")  # the script's own words, not the course's convention
+        print("RESULT {not json}")
+        print("RESULT [1, 2]")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    if "--multiprocessing-distributed" in sys.argv:
+        mp.spawn(train, args=(2,), nprocs=2)
+    else:
+        train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
