@@ -98,6 +98,16 @@ def size(path: Path) -> str:
     return run(["du", "-sh", path]).stdout.split()[0]
 
 
+def added_by_the_tools(python: Path) -> str:
+    """What the wheel and its own dependencies (beside torch and NumPy, which a learner's project has) weigh."""
+    site = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip())
+    ours = ("lessons", "psutil", "py_spy", "ddp_lessons")
+    parts = [p for p in site.iterdir() if p.name.split("-")[0].lower() in ours]
+    parts += [python.parent / "py-spy", python.parent / "ddp-doctor", python.parent / "ddp-check"]
+    done = run(["du", "-csh", *[p for p in parts if p.exists()]])
+    return done.stdout.splitlines()[-1].split()[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch", nargs="+", default=["2.4.1", "newest"], help="versions, or 'newest'")
@@ -118,7 +128,7 @@ def main() -> int:
             rows.append((installed, "pass" if ok else "FAIL", what))
             failed += not ok
         print(f"torch {installed}: {time.monotonic() - start:.0f} s, install included; the venv:"
-              f" {size(python.parents[1])}")
+              f" {size(python.parents[1])}, of which the tools and their own dependencies {added_by_the_tools(python)}")
     print("\n| torch | check | result |\n|---|---|---|")
     for installed, result, what in rows:
         print(f"| {installed} | {what} | {result} |")

@@ -52,7 +52,7 @@ ITEMS: dict[str, tuple[str, str]] = {
         "broadcast and rank 1 in the barrier",
         """
         from lessons.debugging import failed
-        from lessons.stacks import where
+        from lessons.tools.stacks import where
         hang = failed("../ddp_scripts/skipped_collective.py", nproc=2, timeout=3, timeout_from="trained one step")
         places = {rank: where(dump, "skipped_collective.py") for rank, dump in hang.result.stacks.items()}
         assert places[0].startswith("DistributedDataParallel._distributed_broadcast_coalesced"), places
@@ -63,7 +63,7 @@ ITEMS: dict[str, tuple[str, str]] = {
         """
         import signal, threading, time
         import lessons
-        from lessons.processes import running
+        from lessons.tools.processes import running
         signal.signal(signal.SIGINT, signal.default_int_handler)
         SCRIPT = "../ddp_scripts/skipped_collective.py"
         during = []
@@ -86,7 +86,7 @@ ITEMS: dict[str, tuple[str, str]] = {
         "lesson 11b: 3 s after both ranks printed 'batches', rank 0 is in all_gather and rank 1 in a backward",
         """
         from lessons.debugging import failed
-        from lessons.stacks import where
+        from lessons.tools.stacks import where
         hang = failed("../ddp_scripts/uneven_inputs.py", nproc=2, timeout=3, timeout_from="batches")
         places = {rank: where(dump, "uneven_inputs.py") for rank, dump in hang.result.stacks.items()}
         assert places[0].startswith("all_gather") and "backward" in places[1], places
@@ -96,7 +96,7 @@ ITEMS: dict[str, tuple[str, str]] = {
         "rank 1 in a backward",
         """
         import lessons
-        from lessons.stacks import where
+        from lessons.tools.stacks import where
         try:
             lessons.torchrun("../ddp_scripts/early_stop.py", nproc=2, show=False, args=["--decide", "all", "rank0"],
                              timeout=3, timeout_from={0: "(rank 0 alone)", 1: "started training (--decide rank0)"})
@@ -128,7 +128,7 @@ ITEMS: dict[str, tuple[str, str]] = {
         "rank 1, with and without @record",
         """
         import lessons
-        from lessons.failure import torchrun_root_cause
+        from lessons.tools.failure import torchrun_root_cause
         for args in ([], ["--without-record"]):
             try:
                 lessons.torchrun("../ddp_scripts/crash_on_rank1.py", nproc=2, args=args, show=False)

@@ -8,7 +8,7 @@ The check runs it at 3 ranks for 3 SGD steps, each rank on its own data, on a mo
 Parameter used by two layers), a frozen layer (requires_grad=False) and plain layers, and compares every
 gradient with DDP's.
 
-Check it:   python -m lessons.check average_gradients
+Check it:   python -m lessons check average_gradients
 """
 import torch
 import torch.distributed as dist  # noqa: F401  (you will need it)

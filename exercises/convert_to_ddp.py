@@ -8,7 +8,7 @@ with --batch-size meaning the GLOBAL batch (over all ranks), and rank 0 alone wr
 whose keys have no "module." prefix. The check runs it at 2 and 3 ranks with the same flags as one
 single-process run, and the final parameters must equal that run's.
 
-The TODOs mark where DDP changes something. Check it:   python -m lessons.check convert_to_ddp
+The TODOs mark where DDP changes something. Check it:   python -m lessons check convert_to_ddp
 """
 import argparse
 import importlib.util

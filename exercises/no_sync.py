@@ -8,7 +8,7 @@ k micro-batches at once), DDP must all-reduce exactly once (not k times), and it
 The check runs it at 3 ranks with k = 1, k = 3 equal micro-batches, and 2 micro-batches of 5 and 3 samples, and
 counts the all-reduces with a comm hook.
 
-Check it:   python -m lessons.check no_sync
+Check it:   python -m lessons check no_sync
 """
 
 

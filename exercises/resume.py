@@ -14,7 +14,7 @@ The check runs it at 2 and 3 ranks and watches torch.save and torch.load: only r
 must wait for the file before reading, torch.load needs a map_location that puts every tensor on this rank (its
 device, or "cpu"), and weights_only must not be turned off.
 
-Check it:   python -m lessons.check resume
+Check it:   python -m lessons check resume
 """
 from pathlib import Path
 

@@ -7,7 +7,7 @@ batch_isend_irecv with dist.P2POp). No collective (all_reduce, all_gather, broad
 Each rank may send at most 2(N-1)/N of the tensor's bytes (plus one element per chunk): split the tensor into N
 chunks, reduce-scatter them around the ring (N-1 steps), then all-gather them (N-1 steps).
 
-Check it:   python -m lessons.check ring_allreduce
+Check it:   python -m lessons check ring_allreduce
 (at 2, 3 and 5 ranks, lengths 1, N-1, N+1 and odd, float32 and float64, against dist.all_reduce.)
 """
 import torch

@@ -9,7 +9,7 @@ The check runs your plan at 2 and 4 ranks against the block in one process (outp
 collectives of a forward. It names the mistake: a Linear in the wrong style or order, one left out, or an input
 layout that isn't the whole (replicated) input.
 
-Check it:   python -m lessons.check tensor_parallel
+Check it:   python -m lessons check tensor_parallel
 """
 import torch
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel  # noqa: F401  (you will need them)

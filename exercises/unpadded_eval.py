@@ -8,7 +8,7 @@ The code below is what lesson 05 warns about: DistributedSampler pads the data s
 size by repeating samples, so some are counted twice. The check runs it at 2, 3 and 4 ranks with data sets of
 1, 10, 11 and 13 samples, and counts which samples the model saw.
 
-Check it:   python -m lessons.check unpadded_eval
+Check it:   python -m lessons check unpadded_eval
 """
 import torch
 import torch.distributed as dist  # noqa: F401  (you will need it)

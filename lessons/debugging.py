@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from .failure import LaunchError
-from .launch import torchrun
+from .tools.failure import LaunchError
+from .tools.launch import torchrun
 
 
 def failed(script, **kwargs) -> LaunchError:

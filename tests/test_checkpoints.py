@@ -13,7 +13,7 @@ import torch
 import lessons
 from conftest import SCRIPTS
 from lessons.checkpoints import kill_during_save, restored_locations, saved_as_if_on
-from lessons.rank_output import collect
+from lessons.tools.rank_output import collect
 
 sys.path.insert(0, str(SCRIPTS))
 import checkpointing  # noqa: E402

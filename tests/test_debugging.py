@@ -7,7 +7,7 @@ import time
 import pytest
 
 import lessons
-import lessons.stacks
+import lessons.tools.stacks
 from conftest import FIXTURES, SCRIPTS
 
 
@@ -59,7 +59,7 @@ def test_a_timeout_says_where_each_rank_was(nproc, expected, launch_env, monkeyp
 def test_without_py_spy_the_timeout_says_so_in_one_line_and_still_stops_everything(tool, says, launch_env,
                                                                                  monkeypatch):
     """hang.py: no torch in the ranks; where each rank hangs does not matter when no stack can be had."""
-    monkeypatch.setattr(lessons.stacks, "py_spy", lambda: tool)
+    monkeypatch.setattr(lessons.tools.stacks, "py_spy", lambda: tool)
     with pytest.raises(lessons.LaunchError) as error:
         lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=1, timeout_from="hanging now", env=launch_env,
                          show=False)
@@ -107,10 +107,10 @@ def test_running_counts_the_script_file_it_is_given_not_a_copy_elsewhere(tmp_pat
     procs = [subprocess.Popen([sys.executable, "sleeper.py"], cwd=here),  # relative to its own cwd
              subprocess.Popen([sys.executable, str(elsewhere / "sleeper.py")], cwd=tmp_path)]
     try:
-        assert lessons.processes.running(here / "sleeper.py") == [(procs[0].pid, "rank None")]
-        assert lessons.processes.running(elsewhere / "sleeper.py") == [(procs[1].pid, "rank None")]
+        assert lessons.tools.processes.running(here / "sleeper.py") == [(procs[0].pid, "rank None")]
+        assert lessons.tools.processes.running(elsewhere / "sleeper.py") == [(procs[1].pid, "rank None")]
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
-    assert lessons.processes.running(here / "sleeper.py") == []
+    assert lessons.tools.processes.running(here / "sleeper.py") == []

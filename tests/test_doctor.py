@@ -1,4 +1,4 @@
-"""The DDP doctor (lessons/doctor.py): each code fires on its planted mistake, and is silent on correct code.
+"""The DDP doctor (lessons/tools/doctor.py): each code fires on its planted mistake, and is silent on correct code.
 
 Real launches: tests/scripts/doctor/mistakes_then_crash.py (five mistakes, then a crash: exit 2, the failing rank's
 file:line, no finding invented from the crash); tests/scripts/doctor/data_mistakes.py with data mistakes planted,
@@ -17,7 +17,7 @@ import pytest
 
 import lessons
 from conftest import FIXTURES, ROOT
-from lessons.doctor import CODES, SITE_DIR, USAGE, examine
+from lessons.tools.doctor import CODES, SITE_DIR, USAGE, examine
 
 CRASH = FIXTURES / "doctor" / "mistakes_then_crash.py"
 DATA = FIXTURES / "doctor" / "data_mistakes.py"
@@ -104,8 +104,9 @@ SPAWNS = FIXTURES / "doctor" / "spawns_under_a_flag.py"
 def test_a_spawn_is_refused_when_the_run_spawns_and_odd_output_is_the_scripts_business(launch_env):
     """Like imagenet/main.py: mp.spawn only under a flag. Without it the script runs under the doctor's torchrun, and
     lines that start like the course's RESULT convention but hold no JSON object crash nothing; every event of this
-    real run matches lessons/doctor_events.py. With the flag the spawn is refused when called: exit 2, its line."""
-    from lessons.doctor_events import problems
+    real run matches lessons/tools/doctor_events.py. With the flag the spawn is refused when called: exit 2, its
+    line."""
+    from lessons.tools.doctor_events import problems
 
     plain = lessons.doctor(SPAWNS, nproc=2, env=launch_env)
     assert (plain.status, str(plain)) == (0, "no findings"), str(plain)
@@ -127,7 +128,7 @@ def test_a_library_run_is_the_same_run_under_the_doctor(script, tmp_path, launch
     import torch
 
     from conftest import SCRIPTS
-    from lessons.doctor import passes_of
+    from lessons.tools.doctor import passes_of
 
     args = ["--batch-size", 64, "--epochs", 1]
     lessons.torchrun(SCRIPTS / script, nproc=2, args=[*args, "--save", tmp_path / "plain.pt"], show=False,
@@ -150,7 +151,7 @@ def test_the_findings_are_ordered_by_severity_and_lesson_14b_lists_every_code():
     notebook = json.loads((ROOT / "notebooks" / "14b_the_ddp_doctor.ipynb").read_text())
     tables = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
     listed = set(re.findall(r"^\| `([a-z-]+)` \|", tables, re.M))
-    assert listed == set(CODES), f"lesson 14b's table of codes: missing {set(CODES) - listed}, extra {listed - set(CODES)}"
+    assert listed == set(CODES), f"14b's table of codes: missing {set(CODES) - listed}, extra {listed - set(CODES)}"
 
 
 @pytest.mark.parametrize("extra", [{}, {"RANK": "0", "LOCAL_RANK": "0", "LESSONS_DOCTOR_RANK_PID": "1"}])

@@ -1,4 +1,4 @@
-"""The exercises and their checks (lessons/check.py, lessons/exercise_checks/): on real ranks, under torchrun.
+"""The exercises and their checks (lessons/tools/check.py, lessons/tools/exercise_checks/): on real ranks, under torchrun.
 
 Every solution passes; every starter fails; for each exercise a typical wrong answer (tests/exercise_mistakes/)
 fails with the hint that names its mistake; a file that defines nothing, one that hangs and bad usage each get
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import MARKER
 
-check_module = importlib.import_module("lessons.check")  # the module; `lessons.check` is the function
+check_module = importlib.import_module("lessons.tools.check")  # the module; `lessons.check` is the function
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "exercises" / "solutions"
 MISTAKES = Path(__file__).resolve().parent / "exercise_mistakes"
@@ -104,7 +104,7 @@ def test_typical_mistake_gets_its_hint(name, mistake, hint, launch_env, capsys, 
 
 def test_defines_nothing_through_the_command_line():
     """Found before any launch: the name is missing from the file (what it does is only ever run and measured)."""
-    done = subprocess.run([sys.executable, "-m", "lessons.check", "unpadded_eval",
+    done = subprocess.run([sys.executable, "-m", "lessons", "check", "unpadded_eval",
                            str(MISTAKES / "defines_nothing.py")], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 1, done
     assert done.stdout.splitlines()[0] == ("FAIL unpadded_eval: defines_nothing.py defines no function evaluate: "
@@ -141,7 +141,7 @@ def test_bad_usage_from_a_cell_is_one_clear_error():
 
 
 def test_the_command_line_exits_2():
-    done = subprocess.run([sys.executable, "-m", "lessons.check", "nope"], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "lessons", "check", "nope"], capture_output=True, text=True,
                           cwd=ROOT, timeout=60)
     assert (done.returncode, done.stdout) == (2, ""), done
     assert done.stderr.startswith("error: unknown exercise 'nope'"), done.stderr  # and no runpy warning before it
@@ -157,7 +157,7 @@ def test_a_tensor_parallel_plan_is_read_before_it_is_run():
     styles swapped (its run fails on a shape, and the check then gives this hint), a Linear left out."""
     import importlib.util
 
-    sys.path.insert(0, str(ROOT / "lessons" / "exercise_checks"))
+    sys.path.insert(0, str(ROOT / "lessons" / "tools" / "exercise_checks"))
     try:
         from tensor_parallel import plan_mistake
     finally:

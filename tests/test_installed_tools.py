@@ -37,7 +37,7 @@ def test_the_wheel_holds_every_file_the_tools_run(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lessons").rglob("*.py") if "__pycache__" not in p.parts}
     assert package - names == set(), "files of lessons/ left out of the wheel"
-    assert {"lessons/doctor_site/sitecustomize.py", "lessons/exercise_checks/common.py"} <= names
+    assert {"lessons/tools/doctor_site/sitecustomize.py", "lessons/tools/exercise_checks/common.py"} <= names
     # what the checks of convert_to_ddp and find_the_hang compare the learner's files with
     assert {"lessons/_exercises/single_process_train.py", "lessons/_exercises/solutions/find_the_hang/early_stop.py",
             "lessons/_exercises/find_the_hang/early_stop.py"} <= names
@@ -86,7 +86,7 @@ def test_the_doctor_from_a_wheel_in_another_project(venv, tmp_path, launch_env):
         done.stdout + done.stderr
     assert "no-set-epoch: train.py:17: " in done.stdout  # the learner's own file:line
 
-    site = next(venv.rglob("lessons/doctor_site/sitecustomize.py"))
+    site = next(venv.rglob("lessons/tools/doctor_site/sitecustomize.py"))
     site.write_text("")  # instruments that load nothing: a sitecustomize shadowed, a site dir ignored
     blind = doctor_in_a_project(venv, project, launch_env)
     assert blind.returncode == 2, blind.stdout + blind.stderr

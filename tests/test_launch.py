@@ -8,8 +8,8 @@ import time
 import pytest
 
 import lessons
-from lessons.failure import root_cause_rank
-from lessons.rank_output import LaunchResult, as_terminal_shows
+from lessons.tools.failure import root_cause_rank
+from lessons.tools.rank_output import LaunchResult, as_terminal_shows
 from conftest import FIXTURES, MARKER, SCRIPTS, processes_with
 
 
@@ -30,14 +30,14 @@ def test_timeout_stops_every_process(launch_env):
     start = time.monotonic()
     with pytest.raises(lessons.LaunchError, match=r"(?s)timed out after 4 s\. Where each rank was:.*Stopped torchrun and"):
         lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=4, env=launch_env, show=False)
-    assert time.monotonic() - start < 4 + 2 * lessons.launch.STOP_GRACE_S + 5
+    assert time.monotonic() - start < 4 + 2 * lessons.tools.launch.STOP_GRACE_S + 5
     # launch_env's teardown checks that no process of the launch is left.
 
 
 def test_workers_that_ignore_sigterm_are_killed_and_the_output_so_far_is_kept(launch_env, monkeypatch):
     """timeout_from: the clock starts once both ranks have printed their line, i.e. ignore SIGTERM already. One line
     per rank, as lesson 13b's hang gives it (rank 1's is part of the line both print): the message names each."""
-    monkeypatch.setattr(lessons.processes, "STOP_GRACE_S", 1)  # SIGTERM stops nothing here: no need to wait 5 s
+    monkeypatch.setattr(lessons.tools.processes, "STOP_GRACE_S", 1)  # SIGTERM stops nothing here: no need to wait 5 s
     start = time.monotonic()
     with pytest.raises(lessons.LaunchError) as failure:
         lessons.torchrun(FIXTURES / "hang.py", nproc=2, args=["--ignore-sigterm"], timeout=1,
@@ -54,7 +54,7 @@ def test_workers_that_ignore_sigterm_are_killed_and_the_output_so_far_is_kept(la
 def test_timeout_from_counts_from_the_line_not_from_the_start(launch_env):
     """slow_start.py runs about 5 s (1 s of it after 'ready'); a 4 s timeout from 'ready' lets it finish. The
     timeout is the ranks': torchrun's own exit after them (seconds on a loaded machine: 1 failure in 10 under load
-    when it counted) gets lessons.processes.AGENT_EXIT_S more."""
+    when it counted) gets lessons.tools.processes.AGENT_EXIT_S more."""
     start = time.monotonic()
     run = lessons.torchrun(FIXTURES / "slow_start.py", nproc=2, timeout=4, timeout_from="ready", env=launch_env,
                            show=False)
@@ -63,7 +63,7 @@ def test_timeout_from_counts_from_the_line_not_from_the_start(launch_env):
 
 
 def test_a_start_line_that_never_comes_times_out_and_names_the_ranks(launch_env, monkeypatch):
-    monkeypatch.setattr(lessons.launch, "START_LIMIT_S", 4)
+    monkeypatch.setattr(lessons.tools.launch, "START_LIMIT_S", 4)
     with pytest.raises(lessons.LaunchError) as failure:
         lessons.torchrun(FIXTURES / "hang.py", nproc=2, timeout=1, timeout_from="a line nobody prints",
                          env=launch_env, show=False)
@@ -73,7 +73,7 @@ def test_a_start_line_that_never_comes_times_out_and_names_the_ranks(launch_env,
 
 def test_the_start_line_is_seen_per_attempt():
     """Two ranks of one attempt must both print it; rank 1 of a later attempt does not complete attempt_0."""
-    from lessons.live import StartLine
+    from lessons.tools.live import StartLine
     start = StartLine("ready", nproc=2)
     start.see([("attempt_0", 0, "rank 0 ready"), ("attempt_0", 1, "starting")])
     start.see([("attempt_1", 1, "ready")])
@@ -84,7 +84,7 @@ def test_the_start_line_is_seen_per_attempt():
 
 def test_a_start_line_per_rank_starts_the_clock_at_the_event_one_rank_reports():
     """{rank: text}: rank 0 leaving a loop, the others at their start; a line meant for another rank counts not."""
-    from lessons.live import StartLine
+    from lessons.tools.live import StartLine
     start = StartLine({0: "stopping alone", 1: "started", 2: "started"}, nproc=3)
     start.see([("attempt_0", 0, "started"), ("attempt_0", 1, "started"), ("attempt_0", 2, "stopping alone")])
     assert start.at is None and start.missing() == [0, 2]
@@ -97,7 +97,7 @@ def test_a_start_line_per_rank_starts_the_clock_at_the_event_one_rank_reports():
 def test_a_line_held_back_in_jupyter_goes_out_at_a_later_tick_without_new_lines(monkeypatch):
     """The live view updates at most every 0.25 s; rank 1's first line, 0.1 s after rank 0's, must not wait for
     the next line a rank prints (it was shown only 4 s later, in the browser test's launch)."""
-    from lessons import live
+    from lessons.tools import live
     shown, now = [], [100.0]
     monkeypatch.setattr(live.time, "monotonic", lambda: now[0])
     view = live.LiveOutput(jupyter=False)
@@ -146,7 +146,7 @@ def test_interrupt_stops_every_process_and_propagates(launch_env, tmp_path):
     finally:
         caller.kill()
     assert out.strip() == "KeyboardInterrupt reached the caller"
-    assert time.monotonic() - start < 2 * lessons.launch.STOP_GRACE_S + 5
+    assert time.monotonic() - start < 2 * lessons.tools.launch.STOP_GRACE_S + 5
     # launch_env's teardown asserts that nothing is left.
 
 
@@ -209,15 +209,15 @@ def test_a_killed_kernel_takes_the_launch_with_it(launch_env, tmp_path):
     finally:
         kernel.kill()
         kernel.wait()
-    deadline = time.monotonic() + 3 * lessons.launch.STOP_GRACE_S
+    deadline = time.monotonic() + 3 * lessons.tools.launch.STOP_GRACE_S
     while processes_with(launch_env[MARKER]) and time.monotonic() < deadline:
         time.sleep(0.2)
     # launch_env's teardown asserts that nothing is left.
 
 
 def test_root_cause_from_record_error_files_prefers_own_errors_on_a_timestamp_tie():
-    from lessons.failure import recorded_root_cause
-    from lessons.rank_output import Attempt
+    from lessons.tools.failure import recorded_root_cause
+    from lessons.tools.rank_output import Attempt
 
     def error(message, timestamp):
         return {"message": {"message": message, "extraInfo": {"py_callstack": f"Traceback ...\n{message}\n",
@@ -237,14 +237,14 @@ def test_root_cause_from_record_error_files_prefers_own_errors_on_a_timestamp_ti
     ("freebsd14", "lo0"),
 ])
 def test_gloo_stays_on_the_loopback_interface_of_each_platform(platform, interface, monkeypatch):
-    from lessons.launch import loopback_interface
+    from lessons.tools.launch import loopback_interface
     assert loopback_interface(platform) == interface
     monkeypatch.setattr(sys, "platform", platform)  # what the launchers see on that platform
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    assert lessons.launch.launch_environment(None)["GLOO_SOCKET_IFNAME"] == interface
+    assert lessons.tools.launch.launch_environment(None)["GLOO_SOCKET_IFNAME"] == interface
     assert f"GLOO_SOCKET_IFNAME={interface} torchrun " in lessons.command_line("x.py")
 
 
 def test_a_gloo_interface_set_by_the_learner_is_kept(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
-    assert lessons.launch.launch_environment(None)["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert lessons.tools.launch.launch_environment(None)["GLOO_SOCKET_IFNAME"] == "eth0"

@@ -22,7 +22,7 @@ import pytest
 import lessons
 from conftest import FIXTURES, SCRIPTS
 from lessons import slurm
-from lessons.nodes import free_port, gpu_slices, python_nodes
+from lessons.tools.nodes import free_port, gpu_slices, python_nodes
 
 
 def test_unknown_launcher_is_refused_in_one_line():
@@ -113,7 +113,7 @@ def test_torchrun_flags_that_would_break_the_launcher_are_refused_in_one_line(fl
 def test_run_python_timeout_stops_the_script_and_its_children(launch_env, monkeypatch):
     """spawn_hang.py's children (multiprocessing's spawn, as mp.spawn's, but without the SIGINT that mp.spawn's get
     when their parent dies) outlive the script: only run_python's clean-up ends them, once its grace is over."""
-    monkeypatch.setattr(lessons.processes, "STOP_GRACE_S", 1)  # nobody here stops on SIGTERM but the script itself
+    monkeypatch.setattr(lessons.tools.processes, "STOP_GRACE_S", 1)  # nobody here stops on SIGTERM but the script itself
     with pytest.raises(lessons.LaunchError, match="timed out after 3 s") as error:
         lessons.run_python(FIXTURES / "spawn_hang.py", env=launch_env, show=False, timeout=3)
     assert sorted(error.value.result.stdout) == [0, 1]  # both children had started, and hung: there was work to do

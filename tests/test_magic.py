@@ -1,9 +1,9 @@
-"""The %%torchrun cell magic (lessons/magic.py): a cell imports what the lessons' scripts import, and takes -- ARGS.
+"""The %%torchrun cell magic (lessons/tools/magic.py): a cell imports what the lessons' scripts import, and takes -- ARGS.
 Lesson 14 runs the magic on a plain cell under nbval; this is the one launch that checks the rest."""
 import pytest
 
 from conftest import SCRIPTS
-from lessons import magic
+from lessons.tools import magic
 
 CELL = """import json
 import sys

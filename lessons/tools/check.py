@@ -1,7 +1,7 @@
 """Check an exercise on real ranks: ``python -m lessons check NAME [PATH]`` (or ``ddp-check``, or the older
-``python -m lessons.check``), or ``lessons.check("NAME")`` in a cell.
+``python -m lessons check``), or ``lessons.check("NAME")`` in a cell.
 
-The check launches a course-owned script (lessons/exercise_checks/NAME.py) under torchrun, which imports the
+The check launches a course-owned script (lessons/tools/exercise_checks/NAME.py) under torchrun, which imports the
 learner's file by path and runs it at sizes the learner did not try, measuring what it does. The first line
 printed is ``PASS NAME`` or ``FAIL NAME: <what is wrong>``; details follow. Exit status: 0 pass, 1 fail,
 2 bad usage (an unknown exercise, a missing file).
@@ -14,7 +14,6 @@ import os
 import re
 import sys
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,11 +22,7 @@ from .launch import torchrun
 from .rank_output import PEER_FAILURE
 from .stacks import where
 
-# `python -m lessons.check` imports the package first, whose __init__ imports this module: runpy then warns that
-# it was already imported. Harmless here (main() is only called under __main__), so that one warning is silenced.
-warnings.filterwarnings("ignore", message=r"'lessons\.check' found in sys\.modules", category=RuntimeWarning)
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The learner's files: the checkout's exercises/ (make lab), or, where the tools are installed into another
 # project, exercises/ under the folder the check runs from (any other path is given: ddp-check NAME PATH).
 EXERCISES_DIR = ROOT / "exercises" if (ROOT / "exercises").is_dir() else Path("exercises")
@@ -281,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def console() -> int:
-    """The ddp-check command (pyproject.toml's [project.scripts]); python -m lessons.check is the same."""
+    """The ddp-check command (pyproject.toml's [project.scripts]); python -m lessons check is the same."""
     return main()
 
 

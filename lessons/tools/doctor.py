@@ -4,7 +4,7 @@
     python -m lessons doctor train.py -n 2 -- --epochs 2
     python -m lessons doctor train.py -n 2 --compare -- --epochs 2     # N ranks == one process with their batch?
 
-The script is not changed: lessons/doctor_site/sitecustomize.py is put first on the ranks' PYTHONPATH, and Python
+The script is not changed: lessons/tools/doctor_site/sitecustomize.py is put first on the ranks' PYTHONPATH, and Python
 loads it into each rank before the script. Each rank writes what it did to a file in a temporary directory; after
 the launch the doctor compares the ranks and prints one line per finding, most serious first, each starting with a
 stable code and the file:line where it shows.
@@ -74,7 +74,7 @@ class DoctorReport:
     error: str | None = None  # why the script did not run to the end, in one line (a hang: where each rank was)
     compare: list[str] = field(default_factory=list)  # --compare: the lines starting "compare:"
     compare_status: int | None = None  # 0 the same model, 1 not, 2 no comparison possible
-    record: Record | None = field(default=None, repr=False)  # what the ranks recorded (lessons/doctor_events.py)
+    record: Record | None = field(default=None, repr=False)  # what the ranks recorded (lessons/tools/doctor_events.py)
 
     @property
     def status(self) -> int:
@@ -131,7 +131,7 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
 
 def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[DoctorReport, Record | None]:
     """One instrumented launch; the report's error, and what the ranks recorded."""
-    from .nodes import torchrun_nodes  # lessons.nodes imports lessons.launch: imported when needed
+    from .nodes import torchrun_nodes  # lessons.tools.nodes imports lessons.tools.launch: imported when needed
 
     with tempfile.TemporaryDirectory(prefix="ddp_doctor_") as out_dir:
         python_path = os.pathsep.join(p for p in (str(SITE_DIR), (env or {}).get("PYTHONPATH",

@@ -1,5 +1,5 @@
-"""The DDP doctor's events: what each rank's instruments write (lessons/doctor_site/sitecustomize.py), one JSON
-object a line, and what lessons/doctor.py reads. This is the one description of them; tests/test_doctor.py checks
+"""The DDP doctor's events: what each rank's instruments write (lessons/tools/doctor_site/sitecustomize.py), one JSON
+object a line, and what lessons/tools/doctor.py reads. This is the one description of them; tests/test_doctor.py checks
 every event of a real run against it.
 
 Each event is {"event": NAME, **fields}; FIELDS[NAME] gives every field and the types its value may have.

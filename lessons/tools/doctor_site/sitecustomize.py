@@ -1,8 +1,8 @@
-"""The DDP doctor's instruments (lessons/doctor.py), loaded into every rank by Python itself.
+"""The DDP doctor's instruments (lessons/tools/doctor.py), loaded into every rank by Python itself.
 
 The doctor puts this directory first on the ranks' PYTHONPATH, so Python imports this file at start-up, before the
 script. It records what the rank does into LESSONS_DOCTOR_DIR/rank<R>.jsonl, one JSON event per line, written as it
-happens (a rank that hangs and is killed has still written what it did); lessons/doctor_events.py describes every
+happens (a rank that hangs and is killed has still written what it did); lessons/tools/doctor_events.py describes every
 event. Every event names the script's line that caused it ("site": the first frame outside torch and this file). It
 is inert in torchrun's agent (no RANK), without LESSONS_DOCTOR_DIR, and in any process a rank starts (DataLoader
 workers, compile workers).
@@ -12,7 +12,7 @@ attributes (functools.wraps), because libraries read them (Lightning rebuilds a 
 DataLoader.__init__'s signature). One installer per area: data, optimizers, wrappers, the process group and its
 collectives, files, the end.
 
-What it records, and why (lessons/doctor.py turns it into findings):
+What it records, and why (lessons/tools/doctor.py turns it into findings):
 - samplers and loaders as they are made (the data set's fingerprint, num_replicas, rank, the batch size), and each
   pass over a loader with the indices it drew: which ranks trained on which samples, at which epoch;
 - optimizer steps, counted in every batch event: a pass during which the optimizer stepped is a *training* pass

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from .launch import torchrun
 
-SCRATCH = Path(__file__).resolve().parent.parent / "scratch"
-SCRIPTS = Path(__file__).resolve().parent.parent / "ddp_scripts"  # what a lesson script imports lives here
+SCRATCH = Path(__file__).resolve().parents[2] / "scratch"
+SCRIPTS = Path(__file__).resolve().parents[2] / "ddp_scripts"  # what a lesson script imports lives here
 USAGE = "usage: %%torchrun -n N [--timeout S] [--name NAME] [-- ARGS]"
 
 
