@@ -44,7 +44,7 @@ def test_mistakes_then_a_crash(tmp_path, launch_env):
     assert "part at call #3: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # Join's own
     assert "rank 1 called all_reduce on a float32 tensor of shape (2,)" in text  # all-reduces are not counted
     assert "load-without-map-location" not in text  # the file holds CPU tensors: map_location changes nothing
-    assert "the script did not run to the end: rank 0 failed at tests/scripts/doctor/mistakes_then_crash.py:52:" \
+    assert "the script did not run to the end: rank 0 failed at tests/scripts/doctor/mistakes_then_crash.py:53:" \
         in text
 
 
@@ -63,14 +63,17 @@ def test_data_mistakes(mistakes, expected, status, tmp_path, launch_env):
 
 
 @pytest.mark.parametrize("nproc, args, status, expected", [
-    # a correct script with a global batch flag, at an odd world size; and what a careless tool takes for mistakes
-    (3, ["--global-batch", "--batch", "24"], 0, [
+    # a correct script with a global batch flag, at an odd world size, in bf16 autocast (the tolerance follows the
+    # precision); and what a careless tool takes for mistakes
+    (3, ["--global-batch", "--batch", "24", "--bf16"], 0, [
         "no findings\n"
-        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:56) drew 8 a step, 24 on"
+        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:57) drew 8 a step, 24 on"
         " 3 ranks; one process drew 24: the script asked for it itself: its batch flag is global\n",
-        "compare: 3 ranks and one process train the same model: largest parameter difference"]),
+        "compare: 3 ranks and one process train the same model: largest parameter difference",
+        "compare: note: the steps ran under autocast to bfloat16 (at tests/scripts/doctor/data_mistakes.py:74): the"
+        " tolerance is that precision's, 4e-03 of the weights' scale, not float32's 1e-04"]),
     (2, ["--mistakes", "no-sampler"], 1, [
-        "same-samples: tests/scripts/doctor/data_mistakes.py:49: ranks 0 and 1 drew 100% of their samples",
+        "same-samples: tests/scripts/doctor/data_mistakes.py:50: ranks 0 and 1 drew 100% of their samples",
         "the script asked for 8 (its batch flag is per rank): the doctor gave it 16",
         "compare: 2 ranks and one process differ:",
         "compare: why: 24 optimizer steps on the ranks, 12 in one process"]),
@@ -145,6 +148,85 @@ def test_a_library_run_is_the_same_run_under_the_doctor(script, tmp_path, launch
     assert plain.keys() == doctored.keys() and all(torch.equal(plain[k], doctored[k]) for k in plain)
 
 
+CORRECT = FIXTURES / "doctor" / "correct_patterns.py"
+
+
+def test_correct_code_practitioners_write_gets_no_finding(tmp_path, launch_env):
+    """ZeRO beside DDP, pre-sharded data read by workers, uneven shards under Join, two tasks' loaders from one
+    helper, an uneven all_to_all_single, a file per rank (tests/scripts/doctor/correct_patterns.py: the doctor of
+    before found four false alarms in it); and the course's own ZeRO-1 by hand, whose optimizers hold each rank's
+    shard."""
+    from conftest import SCRIPTS
+
+    report = lessons.doctor(CORRECT, nproc=2, args=[tmp_path], env=launch_env)
+    assert (report.status, str(report)) == (0, "no findings"), str(report)
+    zero = lessons.doctor(SCRIPTS / "zero_by_hand.py", nproc=2, env=launch_env)
+    assert (zero.status, zero.codes) == (0, []), str(zero)
+
+
+def test_a_sampler_seeded_per_rank_is_named_at_any_world_size(tmp_path):
+    """seed=dist.get_rank(): at 3 ranks the shards overlap by a third, under any threshold of shared samples; the
+    finding names the seeds, not rank=."""
+    runs = {rank: clean_run(rank) for rank in (0, 1, 2)}
+    for rank in (0, 1, 2):
+        next(e for e in runs[rank] if e["event"] == "sampler").update(seed=rank, num_replicas=3)
+    write_events(tmp_path, runs)
+    found = examine(tmp_path, 3)
+    assert [f.code for f in found] == ["same-samples"]
+    assert "another seed on each rank (rank 0 seed=0, rank 1 seed=1, rank 2 seed=2)" in found[0].message
+
+
+def test_loads_the_script_cannot_change_or_that_go_back_where_they_came_from_are_silent(tmp_path):
+    """Accelerate's own load_state line (weights_only=False in a library), and a file per rank, saved from the
+    rank's own GPU and read back by that rank without map_location."""
+    runs = {rank: clean_run(rank) for rank in (0, 1)}
+    library = "/venv/lib/python3.11/site-packages/accelerate/checkpointing.py:200"
+    for rank in (0, 1):
+        own = f"rank{rank}.pt"
+        runs[rank][-1:-1] = [
+            {"event": "save", "path": own, "site": "t.py:12", "devices": [f"cuda:{rank}"]},
+            {"event": "load", "path": own, "site": "t.py:13", "map_location": None, "weights_only": True,
+             "saved_from": [f"cuda:{rank}"]},
+            {"event": "load", "path": "optimizer.bin", "site": library, "map_location": None,
+             "weights_only": False, "saved_from": ["cpu"]}]
+    write_events(tmp_path, runs)
+    assert examine(tmp_path, 2) == []
+
+
+def test_compare_says_why_it_cannot_give_one_process_the_batch():
+    """A loader with a batch_sampler (every Accelerate loader: batch_size is None) and an iterable data set: exit 2
+    and the reason, before a second launch, where it used to crash on None * N."""
+    from lessons.tools.doctor import DoctorReport, Record, _compare
+
+    def record(loader):
+        events = [{"event": "loader", "loader": 1, "site": "t.py:5", **loader},
+                  *training_pass(1, 1, 2, 0)]
+        return Record({0: events, 1: events}, {}, {})
+
+    shards = record({"batch_size": None, "sampler_type": "SequentialSampler", "batch_sampler": "BatchSamplerShard"})
+    lines, status = _compare("t.py", 2, [], 10, None, DoctorReport(), shards)
+    assert status == 2 and "takes its batches from a batch_sampler (BatchSamplerShard" in lines[0], lines
+    stream = record({"batch_size": 4, "sampler_type": "_InfiniteConstantSampler", "batch_sampler": "BatchSampler"})
+    lines, status = _compare("t.py", 2, [], 10, None, DoctorReport(), stream)
+    assert status == 2 and "reads an iterable data set" in lines[0], lines
+
+
+def test_compare_refuses_a_one_process_run_that_resumed_from_the_ranks_file(tmp_path, launch_env):
+    """The template with --checkpoint: the one process found the ranks' checkpoint and resumed from it (0 steps);
+    'differ' would blame the ranks for it. Exit 2, naming the file."""
+    from conftest import SCRIPTS
+
+    checkpoint = tmp_path / "run.pt"
+    report = lessons.doctor(SCRIPTS / "template.py", nproc=2, compare=True, env=launch_env,
+                            args=["--epochs", 1, "--checkpoint", checkpoint])
+    assert report.status == 2, str(report)
+    [line] = report.compare
+    assert line.startswith(f"compare: no comparison: the run as one process read {checkpoint} at "), line
+    assert line.endswith("template.py:106, which the ranks' run had just written: it resumed from their result"
+                         " instead of training from the start. Give --compare a run that starts from nothing"
+                         " (another checkpoint path, or none)"), line
+
+
 def test_the_findings_are_ordered_by_severity_and_lesson_14b_lists_every_code():
     severities = [code.severity for code in CODES.values()]
     assert severities == sorted(severities) and set(severities) == {1, 2, 3}
@@ -211,7 +293,10 @@ def one_mistake(code, tmp_path):
     def find(rank, kind):
         return next(e for e in runs[rank] if e["event"] == kind)
 
-    if code == "separate-models":
+    if code == "not-distributed":
+        for rank in (0, 1):
+            runs[rank] = [e for e in runs[rank] if e["event"] not in ("init", "wrapper", "collective")]
+    elif code == "separate-models":
         for rank in (0, 1):
             runs[rank] = [e for e in runs[rank] if e["event"] != "wrapper"]
         weights[1]["ddp0.weight"] = torch.full((2, 2), 2.0)

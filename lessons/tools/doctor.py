@@ -18,6 +18,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class Code:
 
 # In the order the findings are listed: the most serious first, and within a severity as here.
 CODES = {
+    "not-distributed": Code(1, "the script never forms a process group: N copies of one process"),
     "separate-models": Code(1, "every rank trains a model of its own"),
     "collectives-differ": Code(1, "the ranks call other collectives, or other shapes, at the same point"),
     "unequal-batches": Code(1, "the ranks train different numbers of batches"),
@@ -53,6 +55,7 @@ CODES = {
 }
 PARAMS_ATOL = 1e-6  # float32 all-reduced gradients give the ranks the same bits; any drift is a real difference
 COMPARE_RTOL = 1e-4  # N ranks against one process: other summation orders, amplified over the steps (lesson 04)
+LOW_PRECISION = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # a unit roundoff: autocast's steps round to it
 SAME_SAMPLES = 0.5  # ranks sharing more than half their samples in a pass: no sharding, not a padded shard
 USAGE = "python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]"
 
@@ -119,13 +122,14 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
     if not SITE_FILE.is_file():  # an install without the instruments would see nothing, and say so
         return DoctorReport(error=f"the doctor's instruments are missing from this install ({SITE_FILE}):"
                                   " reinstall the package (pip install --force-reinstall ddp-lessons)")
+    started = time.time()  # --compare: a file modified since was written by this run
     report, record = _run(script, nproc, args, timeout, show, env, nodes, {"LESSONS_DOCTOR_COMPARE": "1"}
                           if compare else {})
     report.record = record
     if record is not None:
         report.findings = examine_record(record, nproc * nodes, crashed=report.error is not None)
     if compare:
-        report.compare, report.compare_status = _compare(script, nproc, args, timeout, env, report, record)
+        report.compare, report.compare_status = _compare(script, nproc, args, timeout, env, report, record, started)
     return report
 
 
@@ -236,6 +240,7 @@ class Pass:
     batches: int = 0
     ended: bool = False
     trained: bool = False  # the optimizer stepped between its batches
+    joined: bool = False  # inside a Join context: uneven batches are handled
     indices: list | None = None
 
 
@@ -249,7 +254,8 @@ def passes_of(events: list[dict]) -> list[Pass]:
                 current.trained = True
             last_steps = e["steps"]
         if e["event"] == "pass" and e["loader"] in loaders:
-            passes[(e["loader"], e["number"])] = Pass(loaders[e["loader"]], e["number"], e.get("epoch"))
+            passes[(e["loader"], e["number"])] = Pass(loaders[e["loader"]], e["number"], e.get("epoch"),
+                                                      joined=bool(e.get("joined")))
         elif e["event"] in ("batch", "pass_end") and (e["loader"], e["number"]) in passes:
             p = passes[(e["loader"], e["number"])]
             if e["event"] == "batch":
@@ -274,6 +280,14 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
     samplers = {rank: {e["sampler"]: e for e in evs if e["event"] == "sampler"} for rank, evs in events.items()}
     passes = {rank: passes_of(evs) for rank, evs in events.items()}
     trained = {rank: by_site(ps) for rank, ps in passes.items()}
+    if nproc > 1 and not crashed and all(evs for evs in events.values()) \
+            and not any(e["event"] == "init" for evs in events.values() for e in evs):
+        made = _first(events, "optimizer") or _first(events, "loader")
+        return [Finding("not-distributed", (
+            f"no rank called init_process_group: the {nproc} processes torchrun started each ran the whole"
+            " one-process script: each trains its own model on all the data, and each writes the same files."
+            " Make it distributed first: the five changes of lesson 00, or ddp_scripts/template.py"),
+            made["site"] if made else None)]
     found = []
     found += _separate_models(record)
     found += _collectives_differ(events, crashed)
@@ -303,6 +317,8 @@ def _first(events, kind):
 
 def _separate_models(record: Record) -> list[Finding]:
     """The ranks' parameters at exit: each optimizer's, and each DDP module's, compared with rank 0's."""
+    import torch
+
     params = record.params
     if len(params) < 2:
         return []
@@ -310,8 +326,13 @@ def _separate_models(record: Record) -> list[Finding]:
     groups = {}  # "opt0" / "ddp0" -> {rank: {name: tensor}}
     for rank, tensors in params.items():
         for name, value in tensors.items():
-            if not name.startswith(("start.", "first.")):
+            if not name.startswith(("start.", "first.", "startsum.")):
                 groups.setdefault(name.split(".", 1)[0], {}).setdefault(rank, {})[name] = value
+    for group in list(groups):  # each rank's own by design (ZeRO's and FSDP's shards): they differed from the start
+        sums = [tensors.get(f"startsum.{group}") for tensors in params.values()]
+        if all(t is not None for t in sums) and any(t.shape != sums[0].shape or not torch.allclose(
+                t, sums[0], rtol=1e-6, atol=1e-9) for t in sums):
+            del groups[group]
     worst = (0.0, None, None)
     for group, ranks in sorted(groups.items(), key=lambda item: not item[0].startswith("ddp")):
         shapes = {rank: {n: tuple(t.shape) for n, t in tensors.items()} for rank, tensors in ranks.items()}
@@ -402,7 +423,7 @@ def _shape_text(shape) -> str:
 def _unequal_batches(trained: dict[int, dict]) -> list[Finding]:
     keys = sorted({k for ps in trained.values() for k in ps}, key=lambda k: (k[0], k[1]))
     for key in keys:
-        have = {rank: ps[key] for rank, ps in trained.items() if key in ps}
+        have = {rank: ps[key] for rank, ps in trained.items() if key in ps and not ps[key].joined}
         done = {rank: p.batches for rank, p in have.items() if p.ended}
         for short, n in sorted(done.items(), key=lambda item: item[1]):
             longer = [(rank, p.batches) for rank, p in have.items() if p.batches > n]
@@ -418,9 +439,28 @@ def _unequal_batches(trained: dict[int, dict]) -> list[Finding]:
     return []
 
 
+def _seeded_per_rank(samplers) -> list[Finding]:
+    """A shuffling DistributedSampler made at one site with another seed on each rank: the shards overlap."""
+    by_site = {}
+    for rank, made in sorted(samplers.items()):
+        for sampler in made.values():
+            by_site.setdefault(sampler["site"], {}).setdefault(rank, sampler)
+    for site, per_rank in by_site.items():
+        seeds = {rank: sampler["seed"] for rank, sampler in per_rank.items() if sampler["shuffle"]}
+        if len(set(seeds.values())) > 1:
+            shown = ", ".join(f"rank {rank} seed={seed}" for rank, seed in list(seeds.items())[:3])
+            return [Finding("same-samples", (
+                f"this DistributedSampler(shuffle=True) has another seed on each rank ({shown}): each rank shuffles"
+                " its own permutation and takes its shard of that, so the shards overlap: an epoch trains some"
+                " samples twice and leaves others out. Give every rank the same seed (the default, 0), and change"
+                " the order each epoch with set_epoch (lesson 05)"), site)]
+    return []
+
+
 def _same_samples(trained, samplers, nproc) -> list[Finding]:
-    if len(trained) < 2:
-        return []
+    seeded = _seeded_per_rank(samplers)
+    if seeded or len(trained) < 2:
+        return seeded
     reference_rank = min(trained)
     for key, p in trained[reference_rank].items():
         if p.indices is None:
@@ -445,9 +485,12 @@ def _same_samples(trained, samplers, nproc) -> list[Finding]:
                 why = (f"its DistributedSampler (made at {sampler['site']}) was given num_replicas="
                        f"{sampler['num_replicas']} in a world of {nproc}: leave num_replicas and rank out, and the"
                        " sampler takes them from the process group (lesson 05)")
-            else:
+            elif samplers[rank].get(other.loader["sampler"], {}).get("rank") == sampler["rank"]:
                 why = (f"its DistributedSampler (made at {sampler['site']}) has rank={sampler['rank']} on more than"
                        " one rank: leave rank out, or pass dist.get_rank() (lesson 05)")
+            else:
+                why = (f"its DistributedSampler (made at {sampler['site']}) gives the ranks overlapping shards: give"
+                       " every rank the same data set, num_replicas and seed, and its own rank (lesson 05)")
             return [Finding("same-samples", f"{how}: {why}", p.loader["site"])]
     return []
 
@@ -478,7 +521,7 @@ def _sampler_epochs(passes, samplers) -> list[Finding]:
             sampler = samplers[rank].get(p.loader["sampler"])
             if not p.trained or sampler is None or not sampler["shuffle"] or p.epoch is None:
                 continue
-            key = (sampler["site"], sampler["seed"], p.epoch)
+            key = (sampler["site"], sampler["dataset"], sampler["seed"], p.epoch)
             if key not in seen:
                 seen[key] = sampler["sampler"]
             elif seen[key] == sampler["sampler"]:
@@ -507,6 +550,10 @@ def _rank_from_local_rank(events) -> list[Finding]:
     return []
 
 
+def _in_a_library(site: str | None) -> bool:
+    return bool(site) and any(f"{os.sep}{folder}{os.sep}" in site for folder in ("site-packages", "dist-packages"))
+
+
 def _saves_and_loads(events, nproc) -> list[Finding]:
     found = []
     local = {rank: next((e["local_rank"] for e in evs if e["event"] == "init"), None) for rank, evs in
@@ -524,11 +571,14 @@ def _saves_and_loads(events, nproc) -> list[Finding]:
                 f"{who} all called torch.save({path!r}): they write one file at once, and it can end up torn."
                 " Save on the global rank 0 only (dist.get_rank() == 0, not LOCAL_RANK), then dist.barrier()"
                 " (lesson 07)"), ranks[min(ranks)]))
-    loads = [(rank, e) for rank, evs in sorted(events.items()) for e in evs if e["event"] == "load"]
+    # A load in a library's own code (Accelerate's load_state) is not a line the script can change.
+    loads = [(rank, e) for rank, evs in sorted(events.items()) for e in evs if e["event"] == "load"
+             and not _in_a_library(e["site"])]
     if nproc > 1:
         for rank, e in loads:
             devices = [loc for loc in (e.get("saved_from") or []) if loc != "cpu"]
-            if e["map_location"] is None and devices:
+            if e["map_location"] is None and devices and rank not in savers.get(e["path"], {}):  # a rank's own file:
+                # saved from its own GPU, it goes back there
                 found.append(Finding("load-without-map-location", (
                     f"rank {rank}: torch.load({e['path']!r}) without map_location, of tensors saved from"
                     f" {', '.join(devices)}: every rank puts them back there, all on one GPU (its memory, and a"
@@ -556,7 +606,8 @@ def _saves_and_loads(events, nproc) -> list[Finding]:
 
 # --- --compare: N ranks against one process with their batch ---------------------------------------------------
 
-def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Record | None) -> tuple[list[str], int]:
+def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Record | None,
+             started: float = float("inf")) -> tuple[list[str], int]:
     import torch
 
     def cannot(why):
@@ -575,11 +626,21 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     site = max(counts, key=counts.get)
     loader = next(p.loader for p in training if p.loader["site"] == site)
     per_rank = loader["batch_size"]
+    if loader["sampler_type"] == "_InfiniteConstantSampler":
+        return cannot(f"the loader made at {site} reads an iterable data set: each rank's stream is its own, and the"
+                      " doctor can't give one process the union of the ranks' samples")
+    if per_rank is None:
+        return cannot(f"the loader made at {site} takes its batches from a batch_sampler"
+                      f" ({loader['batch_sampler']}, as Accelerate's prepared loaders do): the doctor can't give one"
+                      " process the ranks' global batch")
     whole = per_rank * nproc
     single, single_record = _run(script, 1, args, timeout, False, env, 1, {
         "LESSONS_DOCTOR_COMPARE": "1", "LESSONS_DOCTOR_BATCH": json.dumps({"site": site, "batch": whole})})
     if single_record is None or single.error:
         return cannot(f"the run as one process did not finish: {single.error}")
+    resumed = _read_what_the_ranks_wrote(record, single_record, started)
+    if resumed:
+        return cannot(resumed)
     asked = next((e["asked_batch_size"] for e in single_record.events[0] if e["event"] == "loader"
                   and e["site"] == site), None)
     flag = ("the script asked for it itself: its batch flag is global" if asked == whole else
@@ -593,14 +654,25 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
                       " one process?)")
     steps = [next((e["steps"] for e in r.events[min(r.events)] if e["event"] == "exit"), None)
              for r in (record, single_record)]
-    scale = max(max(t.abs().max().item() for t in one_params.values() if t.numel()), 1.0)
-    tolerance = COMPARE_RTOL * scale
+    scale = max(max(one_params[n].abs().max().item() for n in names if one_params[n].numel()), 1.0)
+    lowered = sorted({(e["dtype"], e["site"]) for r in (record, single_record) for evs in r.events.values()
+                      for e in evs if e["event"] == "autocast" and e["dtype"] in LOW_PRECISION})
+    # Under autocast the steps round to bfloat16's or float16's precision: another summation order on N ranks moves
+    # the weights by about that much, not by float32's.
+    tolerance = max([COMPARE_RTOL] + [LOW_PRECISION[dtype] for dtype, _ in lowered]) * scale
     diff = max((ranks_params[n] - one_params[n]).abs().max().item() for n in names if one_params[n].numel())
-    same = diff <= tolerance and steps[0] == steps[1]
+    drawn, samples_match = _samples_per_step(record, single_record, site, per_rank, nproc)
+    lines.append(f"compare: samples: {drawn}")
+    same = diff <= tolerance and steps[0] == steps[1] and samples_match is not False
     verdict = "train the same model" if same else "differ"
     lines.append(f"compare: {nproc} ranks and one process {verdict}: largest parameter difference {diff:.2g}"
                  f" (tolerance {tolerance:.0e}), after {steps[0]} steps on {nproc} ranks and {steps[1]} in one"
                  " process")
+    if lowered:
+        dtype, where = lowered[0]
+        lines.append(f"compare: note: the steps ran under autocast to {dtype} (at {where}): the tolerance is that"
+                     f" precision's, {LOW_PRECISION[dtype]:.0e} of the weights' scale, not float32's"
+                     f" {COMPARE_RTOL:.0e}")
     if not same:
         lines += _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch)
     if any(next((e["rng_per_step"] for e in evs if e["event"] == "exit"), False) for r in (record, single_record)
@@ -611,12 +683,54 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     return lines, 0 if same else 1
 
 
+def _read_what_the_ranks_wrote(record: Record, single_record: Record, started: float) -> str | None:
+    """Why the comparison means nothing when the one process, before its first batch, loaded a file the ranks' run
+    wrote (saved there, or moved there by os.replace after a save): it resumed from their result (a --checkpoint
+    that is also a --resume)."""
+    for e in single_record.events[0]:
+        if e["event"] == "batch":
+            return None
+        if e["event"] == "load" and os.path.isfile(e["path"]) and os.path.getmtime(e["path"]) >= started:
+            return (f"the run as one process read {e['path']} at {e['site']}, which the ranks' run had just written:"
+                    " it resumed from their result instead of training from the start. Give --compare a run that"
+                    " starts from nothing (another checkpoint path, or none)")
+    return None
+
+
+def _samples_per_step(record: Record, single_record: Record, site: str, per_rank: int, nproc: int):
+    """(a line, True/False/None): at each step of the training passes of the loader made at SITE, did the one
+    process draw the union of the ranks' samples? The last step of a pass is left out (a DistributedSampler pads
+    the ranks' shards to one length there); None when the indices were not recorded."""
+    def training_passes(events):
+        return [p for p in passes_of(events) if p.trained and p.loader["site"] == site and p.indices is not None]
+
+    ranks = {rank: training_passes(events) for rank, events in record.events.items()}
+    one = training_passes(single_record.events[0])
+    whole, compared = per_rank * nproc, 0
+    for number, single in enumerate(one):
+        mine = [ps[number].indices for ps in ranks.values() if number < len(ps)]
+        if len(mine) < nproc:
+            break
+        steps = min(len(single.indices) // whole, min(len(m) for m in mine) // per_rank) - 1
+        for step in range(max(steps, 0)):
+            union = set().union(*(set(m[step * per_rank:(step + 1) * per_rank]) for m in mine))
+            drawn = set(single.indices[step * whole:(step + 1) * whole])
+            if union != drawn:
+                return (f"at step {step + 1} of training pass {number + 1} the {nproc} ranks drew {len(union)} samples"
+                        f" and the one process {len(drawn)}, {len(union & drawn)} of them the same: the one process"
+                        " did not train on the ranks' global batch"), False
+            compared += 1
+    if not compared:
+        return "not compared (the loader's indices were not recorded)", None
+    return (f"at each of {compared} steps compared the one process drew the union of the ranks' samples (the last"
+            " step of each pass left out: a DistributedSampler pads it)"), True
+
+
 def _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch) -> list[str]:
     reasons = []
     if steps[0] != steps[1]:
         reasons.append(f"compare: why: {steps[0]} optimizer steps on the ranks, {steps[1]} in one process: the"
-                       " ranks don't split the data (see the findings above), or the step count depends on the"
-                       " world size")
+                       " ranks don't split the data, or the step count depends on the world size")
     starts = [n for n in names if f"start.{n}" in ranks_params and f"start.{n}" in one_params]
     if starts and any(not torch.equal(ranks_params[f"start.{n}"], one_params[f"start.{n}"]) for n in starts):
         reasons.append("compare: why: the model starts from other weights on rank 0 than in one process (a seed"

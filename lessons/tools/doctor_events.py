@@ -17,14 +17,17 @@ FIELDS = {
     "loader": {"loader": (INT,), "site": (STR,), "batch_size": (INT, NONE), "asked_batch_size": (INT, NONE),
                "sampler": (INT, NONE), "sampler_type": (STR,), "batch_sampler": (STR, NONE), "dataset": (STR,),
                "length": (INT, NONE), "drop_last": (BOOL,)},
+    # a pass starts at iter(loader), or at a persistent iterator's reset; "joined": inside a Join context
     "pass": {"loader": (INT,), "number": (INT,), "site": (STR,), "steps": (INT,), "sampler": (INT, NONE),
-             "epoch": (INT, NONE)},
+             "epoch": (INT, NONE), "joined": (BOOL,)},
     "batch": {"loader": (INT,), "number": (INT,), "n": (INT,), "steps": (INT,)},
     "pass_end": {"loader": (INT,), "number": (INT,), "batches": (INT,), "steps": (INT,), "indices": (LIST, NONE)},
     # models and optimizers
     "optimizer": {"optimizer": (INT,), "site": (STR,), "kind": (STR,)},
     "rng_per_step": {"site": (STR,), "steps": (INT,)},
     "wrapper": {"kind": (STR,), "site": (STR,)},
+    # the first entry into autocast at each (device, dtype): the precision the steps ran in
+    "autocast": {"device": (STR,), "dtype": (STR,), "site": (STR,)},
     # the process group and collectives
     "init": {"site": (STR,), "rank_given": (INT, NONE), "env_rank": (INT,), "local_rank": (INT,),
              "world_size": (INT,), "by_library": (BOOL,)},

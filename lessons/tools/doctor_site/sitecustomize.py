@@ -43,7 +43,7 @@ class _Recorder:
         import json
 
         import torch
-        self.out_dir, self.rank, self.torch, self._json = out_dir, rank, torch, json
+        self.out_dir, self.rank, self.torch, self._json, self.pid = out_dir, rank, torch, json, os.getpid()
         self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.log = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a", buffering=1)  # line-buffered: survives a kill
         self.steps, self.objects = 0, 0
@@ -51,9 +51,13 @@ class _Recorder:
         self.optimizers = []  # held: a model local to main() is gone by exit
         self.first_params, self.after_first = {}, {}  # --compare: each optimizer's parameters before and after step 1
         self.wrapped = []  # the modules DDP wraps
+        self.start_sums = {}  # each optimizer's parameters at its first step, as (sum, sum of |x|) per tensor
+        self.joined = 0  # inside how many Join contexts (DDP's join(), Join([...])): uneven batches are handled
         self.at_exit = []  # what each installer adds to the exit
 
     def event(self, what, **fields):
+        if os.getpid() != self.pid:  # a process the rank forked (a DataLoader worker) inherits the wrappers: inert
+            return
         self.log.write(self._json.dumps({"event": what, **fields}) + "\n")
 
     def site(self, skip_torch=True):
@@ -76,6 +80,16 @@ class _Recorder:
                 return f"{os.sep}site-packages{os.sep}" in name or f"{os.sep}dist-packages{os.sep}" in name
             frame = frame.f_back
         return False
+
+    def made_by_torch(self):
+        """True when torch itself made the object under construction (ZeroRedundancyOptimizer's inner optimizer):
+        the first frame outside torch.optim's classes and this file is another part of torch."""
+        frame = sys._getframe(2)
+        optim_dir = self.torch_dir + "optim" + os.sep
+        while frame is not None and (os.path.abspath(frame.f_code.co_filename) == _THIS_FILE
+                                     or os.path.abspath(frame.f_code.co_filename).startswith(optim_dir)):
+            frame = frame.f_back
+        return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(self.torch_dir)
 
     def called_from_torch(self):
         """True when the caller of our wrapper is torch itself (SyncBatchNorm, DDP's join, DCP...)."""
@@ -123,10 +137,25 @@ def _install_data(rec):
         elif isinstance(dataset, torch.utils.data.ConcatDataset):
             for d in dataset.datasets:
                 h.update(fingerprint(d, depth + 1, read_samples).encode())
-        elif read_samples and hasattr(dataset, "__getitem__") \
-                and not isinstance(dataset, torch.utils.data.IterableDataset):
-            h.update(samples_digest(dataset).encode())
+        else:  # a data set of the script's own: what it was made from (a shard's file, a rank), and its samples
+            digest_attributes(dataset, h)
+            if read_samples and hasattr(dataset, "__getitem__") \
+                    and not isinstance(dataset, torch.utils.data.IterableDataset):
+                h.update(samples_digest(dataset).encode())
         return h.hexdigest()[:16]
+
+    def digest_attributes(dataset, h):
+        """The data set's plain attributes (paths, numbers, names, their lists: the first 1000 items and the length),
+        which tell apart pre-sharded data sets whose samples are read only in DataLoader workers."""
+        plain = (str, bytes, int, float, bool, os.PathLike)
+        for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
+            if isinstance(value, plain):
+                h.update(f"{name}={value!r}".encode())
+            elif isinstance(value, (list, tuple)):
+                h.update(f"{name}:{len(value)}".encode())
+                for item in value[:1000]:
+                    if isinstance(item, plain) or isinstance(item, tuple) and all(isinstance(i, plain) for i in item):
+                        h.update(repr(item).encode())
 
     def digest_value(value, h, depth=0):
         if isinstance(value, torch.Tensor):
@@ -212,21 +241,37 @@ def _install_data(rec):
 
     _replace(DataLoader, "__init__", loader_init)
 
+    def start_pass(iterator, loader):
+        loader_id = getattr(loader, "_doctor_id", None)
+        if loader_id is None:
+            iterator._doctor = None
+            return
+        loader._doctor_passes += 1
+        sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
+        iterator._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
+                            "record": loader._doctor_passes <= RECORDED_PASSES}
+        rec.new_pass = True
+        rec.event("pass", loader=loader_id, number=loader._doctor_passes, site=rec.site(), steps=rec.steps,
+                  sampler=getattr(sampler, "_doctor_id", None), epoch=int(sampler.epoch) if sampler else None,
+                  joined=rec.joined > 0)
+
     def iter_init(original):
         def __init__(self, loader, *args, **kwargs):
             original(self, loader, *args, **kwargs)
-            loader_id = getattr(loader, "_doctor_id", None)
-            if loader_id is None:
-                self._doctor = None
-                return
-            loader._doctor_passes += 1
-            sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
-            self._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
-                            "record": loader._doctor_passes <= RECORDED_PASSES}
-            rec.new_pass = True
-            rec.event("pass", loader=loader_id, number=loader._doctor_passes, site=rec.site(), steps=rec.steps,
-                      sampler=getattr(sampler, "_doctor_id", None), epoch=int(sampler.epoch) if sampler else None)
+            start_pass(self, loader)
         return __init__
+
+    def iter_reset(original):
+        """persistent_workers=True: one iterator for the loader's life, reset for each pass after the first."""
+        def _reset(self, loader, first_iter=False):
+            original(self, loader, first_iter)
+            if not first_iter:
+                doctor = getattr(self, "_doctor", None)
+                if doctor is not None and not doctor.get("ended"):  # the last pass was left before its end
+                    doctor["ended"] = True
+                    pass_end(doctor)
+                start_pass(self, loader)
+        return _reset
 
     def next_index(original):
         def _next_index(self):
@@ -264,6 +309,7 @@ def _install_data(rec):
 
     base_iter = dataloader_module._BaseDataLoaderIter
     _replace(base_iter, "__init__", iter_init)
+    _replace(dataloader_module._MultiProcessingDataLoaderIter, "_reset", iter_reset)
     _replace(base_iter, "_next_index", next_index)
     _replace(base_iter, "__next__", next_batch)
 
@@ -279,7 +325,7 @@ def _install_optimizers(rec):
     def optimizer_init(original):
         def __init__(self, params, *args, **kwargs):
             original(self, params, *args, **kwargs)
-            if not hasattr(self, "_doctor_id"):  # a subclass's __init__ may call this more than once
+            if not hasattr(self, "_doctor_id") and not rec.made_by_torch():  # ZeRO's inner optimizer: torch's
                 self._doctor_id = rec.new_id()
                 rec.optimizers.append(self)
                 rec.event("optimizer", optimizer=self._doctor_id, site=rec.site(), kind=type(self).__name__)
@@ -292,6 +338,13 @@ def _install_optimizers(rec):
         return [p.detach().float().cpu().clone() for g in optimizer.param_groups for p in g["params"]]
 
     def before_step(optimizer, args, kwargs):
+        if optimizer in rec.optimizers and id(optimizer) not in rec.start_sums:
+            # Two numbers a tensor, cheap on any device: parameters that differ between ranks already at the first
+            # step are each rank's own by design (ZeRO's and FSDP's shards), not replicas that drifted apart.
+            with torch.no_grad():
+                rec.start_sums[id(optimizer)] = torch.tensor(
+                    [[p.detach().double().sum().item(), p.detach().double().abs().sum().item()]
+                     for g in optimizer.param_groups for p in g["params"]], dtype=torch.float64)
         if comparing and optimizer in rec.optimizers and not rec.first_params.get(id(optimizer)):
             rec.first_params[id(optimizer)] = parameters(optimizer)
 
@@ -299,7 +352,10 @@ def _install_optimizers(rec):
         rec.steps += 1
         if comparing and optimizer in rec.optimizers and id(optimizer) not in rec.after_first:
             rec.after_first[id(optimizer)] = parameters(optimizer)
-        rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest()
+        rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes())
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout on a GPU draws from its generator
+            rng.update(torch.cuda.get_rng_state().numpy().tobytes())
+        rng = rng.hexdigest()
         if rec.last_rng is not None and not rec.new_pass and rng != rec.last_rng and not rec.rng_per_step:
             rec.rng_per_step = True
             rec.event("rng_per_step", site=rec.site(), steps=rec.steps)
@@ -319,6 +375,8 @@ def _install_optimizers(rec):
                 params[f"start.opt{i}.{j}"] = p
             for j, p in enumerate(rec.after_first.get(id(optimizer), [])):
                 params[f"first.opt{i}.{j}"] = p
+            if id(optimizer) in rec.start_sums:
+                params[f"startsum.opt{i}"] = rec.start_sums[id(optimizer)]
 
     rec.at_exit.append(parameters_at_exit)
 
@@ -336,6 +394,42 @@ def _install_wrappers(rec):
         return __init__
 
     _replace(DistributedDataParallel, "__init__", ddp_init)
+
+    try:  # uneven batches inside Join (DDP's join(), Join([model, optimizer])) are handled by design
+        from torch.distributed.algorithms.join import Join
+
+        def join_enter(original):
+            def __enter__(self):
+                result = original(self)
+                rec.joined += bool(getattr(self, "_enable", True))
+                return result
+            return __enter__
+
+        def join_exit(original):
+            def __exit__(self, *args):
+                rec.joined -= bool(getattr(self, "_enable", True))
+                return original(self, *args)
+            return __exit__
+
+        _replace(Join, "__enter__", join_enter)
+        _replace(Join, "__exit__", join_exit)
+    except Exception:  # noqa: BLE001  an old build
+        pass
+
+    import torch
+    seen_precisions = set()
+
+    def autocast_enter(original):
+        def __enter__(self):
+            result = original(self)
+            precision = (str(getattr(self, "device", "?")), str(getattr(self, "fast_dtype", "?")).replace("torch.", ""))
+            if getattr(self, "_enabled", True) and precision not in seen_precisions:
+                seen_precisions.add(precision)
+                rec.event("autocast", device=precision[0], dtype=precision[1], site=rec.site())
+            return result
+        return __enter__
+
+    _replace(torch.autocast, "__enter__", autocast_enter)
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -388,7 +482,12 @@ def _install_process_group(rec):
             return original(*args, **kwargs)
         return init_process_group
 
+    original_init = dist.init_process_group
     _replace(dist, "init_process_group", init_call)
+    # torch's own modules that imported it by name (init_device_mesh's) call it too: the same wrapper there
+    for name, module in list(sys.modules.items()):
+        if name.startswith("torch.distributed") and getattr(module, "init_process_group", None) is original_init:
+            module.init_process_group = dist.init_process_group
 
     def describe(value):
         if isinstance(value, torch.Tensor):
@@ -402,8 +501,10 @@ def _install_process_group(rec):
             def collective(*args, **kwargs):
                 if not rec.called_from_torch():  # SyncBatchNorm, DDP's join, DCP: torch's own calls, not the script's
                     first = args[0] if args else next(iter(kwargs.values()), None)
+                    # all_to_all's tensors differ between ranks by design (uneven splits: mixture-of-experts routing)
                     rec.event("collective", op=name, site=rec.site(),
-                              shape=None if "_object" in name else describe(first), steps=rec.steps)
+                              shape=None if "_object" in name or "all_to_all" in name else describe(first),
+                              steps=rec.steps)
                 return original(*args, **kwargs)
             return collective
         return make

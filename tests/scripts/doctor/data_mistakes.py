@@ -3,7 +3,7 @@ which also does what a careless tool takes for a mistake (a look at one batch ea
 test and the training loader, an evaluation sampler without set_epoch).
 
     torchrun --standalone --nproc-per-node=2 data_mistakes.py [--mistakes M,M] [--batch B] [--global-batch]
-        [--loss-sum] [--checkpoint PATH]
+        [--loss-sum] [--checkpoint PATH] [--bf16]
 
 M: no-ddp, no-sampler, one-replica, sampler-from-local-rank, unseeded-split, sampler-per-epoch, unequal-shards,
 map-location-empty, save-on-local-rank-0. --batch is per rank, or the global batch with --global-batch.
@@ -25,6 +25,7 @@ parser.add_argument("--batch", type=int, default=8)
 parser.add_argument("--global-batch", action="store_true", help="--batch is the global batch, split over the ranks")
 parser.add_argument("--loss-sum", action="store_true", help="sum the loss over the batch instead of the mean")
 parser.add_argument("--checkpoint", help="save here at the end (rank 0) and load it back (every rank)")
+parser.add_argument("--bf16", action="store_true", help="the forward under autocast to bfloat16 (mixed precision)")
 options = parser.parse_args()
 mistakes = set(filter(None, options.mistakes.split(",")))
 assert mistakes <= MISTAKES, mistakes - MISTAKES
@@ -70,7 +71,9 @@ for epoch in range(2):
     first_x, _ = next(iter(loader))  # a look at one batch is no epoch
     for x, y in loader:
         optimizer.zero_grad()
-        F.mse_loss(model(x), y, reduction="sum" if options.loss_sum else "mean").backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
+            prediction = model(x)
+        F.mse_loss(prediction.float(), y, reduction="sum" if options.loss_sum else "mean").backward()
         optimizer.step()
     with torch.no_grad():  # evaluation: no step, so no training pass, whatever the sampler's epoch
         for evaluated in (test_loader, loader):

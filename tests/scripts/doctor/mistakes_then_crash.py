@@ -21,7 +21,8 @@ rank = dist.get_rank()
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
 sampler = DistributedSampler(data, shuffle=True, seed=0)
-loader = DataLoader(data, batch_size=4, sampler=sampler)
+loader = DataLoader(data, batch_size=4, sampler=sampler, num_workers=1,
+                    persistent_workers=True)  # one iterator for the loader's life, reset for each pass
 test_loader = DataLoader(data, batch_size=8, sampler=DistributedSampler(data, shuffle=True, seed=1))  # no set_epoch:
 model = DDP(torch.nn.Linear(4, 1))  # evaluation's order can't matter
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
