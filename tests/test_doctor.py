@@ -312,6 +312,10 @@ def one_mistake(code, tmp_path):
         find(1, "loader")["dataset"] = "e"
     elif code == "params-diverged":
         weights[1]["ddp0.weight"] = torch.tensor([[1.0, 1.0], [1.0, 1.25]])
+    elif code == "same-random-state":
+        for rank in (0, 1):
+            find(rank, "exit").update(rng_per_step=True, rng_first_step="3f2a")
+            find(rank, "wrapper")["dropout"] = True
     elif code == "no-set-epoch":
         for rank in (0, 1):
             next(e for e in runs[rank] if e["event"] == "pass" and e["number"] == 2)["epoch"] = 0
@@ -350,13 +354,15 @@ def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
 def test_what_is_not_a_mistake_stays_silent(tmp_path):
     """The controls of the codes a careless rule would fire on: a load without map_location of a file saved from
     the CPU; a second pass at the same epoch in which the optimizer never stepped (evaluation); a crashed run's
-    missing calls and missing destroy."""
+    missing calls and missing destroy; dropout drawn from each rank's own random state."""
     runs = {rank: clean_run(rank) for rank in (0, 1)}
     for rank in (0, 1):
         next(e for e in runs[rank] if e["event"] == "load").update(map_location=None, saved_from=["cpu"])
         runs[rank][-1:-1] = [{"event": "pass", "loader": 2, "number": 3, "steps": 4, "epoch": 1},
                              {"event": "batch", "loader": 2, "number": 3, "n": 1, "steps": 4}]
         runs[rank][-1]["initialized"] = True
+        next(e for e in runs[rank] if e["event"] == "wrapper")["dropout"] = True  # dropout, each rank its own
+        runs[rank][-1].update(rng_per_step=True, rng_first_step=f"state of rank {rank}")  # state: seed + rank
     runs[1] = [e for e in runs[1] if e["event"] != "collective"]  # rank 1 crashed before its last call
     write_events(tmp_path, runs)
     assert examine(tmp_path, 2, crashed=True) == []

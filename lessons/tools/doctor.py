@@ -44,6 +44,7 @@ CODES = {
     "same-samples": Code(1, "the ranks train on the same samples"),
     "datasets-differ": Code(1, "the ranks' loaders read different data sets"),
     "params-diverged": Code(1, "the ranks end with different parameters"),
+    "same-random-state": Code(1, "every rank draws the same dropout masks in its steps"),
     "no-set-epoch": Code(1, "a shuffling DistributedSampler feeds every epoch the same order"),
     "sampler-recreated": Code(1, "a new DistributedSampler each epoch restarts the order"),
     "rank-from-local-rank": Code(1, "the global rank is taken from LOCAL_RANK"),
@@ -295,6 +296,7 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
     found += _same_samples(trained, samplers, nproc)
     found += _datasets_differ(events)
     found += _sampler_epochs(passes, samplers)
+    found += _same_random_state(events, nproc)
     found += _rank_from_local_rank(events)
     found += _saves_and_loads(events, nproc)
     if not crashed:
@@ -535,6 +537,25 @@ def _sampler_epochs(passes, samplers) -> list[Finding]:
                     " shuffles into the same order. Make it once, before the epochs, and call"
                     " sampler.set_epoch(epoch) (lesson 05)"), sampler["site"])]
     return []
+
+
+def _same_random_state(events, nproc) -> list[Finding]:
+    """Random numbers drawn during the steps (dropout, augmentation in the main process) from the same random state
+    on every rank: the same masks everywhere, as if the global batch were N copies of one rank's noise."""
+    exits = [next((e for e in evs if e["event"] == "exit"), None) for evs in events.values()]
+    if nproc < 2 or len(exits) < 2 or not all(e and e.get("rng_per_step") for e in exits):
+        return []
+    if not any(e["event"] == "wrapper" and e.get("dropout") for evs in events.values() for e in evs):
+        return []  # random numbers drawn alike on purpose (one random batch, then each rank's slice): no masks
+    states = {e.get("rng_first_step") for e in exits}
+    if len(states) != 1 or None in states:
+        return []
+    optimizer = _first(events, "optimizer")
+    return [Finding("same-random-state", (
+        "the model has dropout, and the script draws its random numbers during the steps from the same random state"
+        " on every rank: one seed everywhere, or none (torch's default seed is the same too), so every rank draws"
+        " the same dropout masks (and augmentations). Seed each rank differently after the model is made:"
+        " torch.manual_seed(seed + rank) (lesson 05)"), optimizer["site"] if optimizer else None)]
 
 
 def _rank_from_local_rank(events) -> list[Finding]:

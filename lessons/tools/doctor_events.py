@@ -25,7 +25,8 @@ FIELDS = {
     # models and optimizers
     "optimizer": {"optimizer": (INT,), "site": (STR,), "kind": (STR,)},
     "rng_per_step": {"site": (STR,), "steps": (INT,)},
-    "wrapper": {"kind": (STR,), "site": (STR,)},
+    # "dropout": the DDP-wrapped module has dropout layers (None: not looked at)
+    "wrapper": {"kind": (STR,), "site": (STR,), "dropout": (BOOL, NONE)},
     # the first entry into autocast at each (device, dtype): the precision the steps ran in
     "autocast": {"device": (STR,), "dtype": (STR,), "site": (STR,)},
     # the process group and collectives
@@ -38,8 +39,9 @@ FIELDS = {
     "load": {"path": (STR,), "site": (STR,), "map_location": (STR, DICT, NONE), "weights_only": (BOOL, NONE),
              "saved_from": (LIST, NONE)},
     # the end: whether the group was left, and what was counted
+    # "rng_first_step": a digest of the random state (CPU, and CUDA where it runs) after the first optimizer step
     "exit": {"initialized": (BOOL,), "steps": (INT,), "optimizers": (INT,), "ddp_modules": (INT,),
-             "rng_per_step": (BOOL,)},
+             "rng_per_step": (BOOL,), "rng_first_step": (STR, NONE)},
 }
 
 

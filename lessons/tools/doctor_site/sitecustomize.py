@@ -48,6 +48,7 @@ class _Recorder:
         self.log = open(os.path.join(out_dir, f"rank{rank}.jsonl"), "a", buffering=1)  # line-buffered: survives a kill
         self.steps, self.objects = 0, 0
         self.last_rng, self.new_pass, self.rng_per_step = None, True, False
+        self.rng_first_step = None  # the random state after the first step: the same on every rank, or not
         self.optimizers = []  # held: a model local to main() is gone by exit
         self.first_params, self.after_first = {}, {}  # --compare: each optimizer's parameters before and after step 1
         self.wrapped = []  # the modules DDP wraps
@@ -356,6 +357,8 @@ def _install_optimizers(rec):
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout on a GPU draws from its generator
             rng.update(torch.cuda.get_rng_state().numpy().tobytes())
         rng = rng.hexdigest()
+        if rec.rng_first_step is None:
+            rec.rng_first_step = rng
         if rec.last_rng is not None and not rec.new_pass and rng != rec.last_rng and not rec.rng_per_step:
             rec.rng_per_step = True
             rec.event("rng_per_step", site=rec.site(), steps=rec.steps)
@@ -384,13 +387,15 @@ def _install_optimizers(rec):
 # --- wrappers: DDP, FSDP ---------------------------------------------------------------------------------------------
 
 def _install_wrappers(rec):
+    import torch
     from torch.nn.parallel import DistributedDataParallel
 
     def ddp_init(original):
         def __init__(self, module, *args, **kwargs):
             original(self, module, *args, **kwargs)
             rec.wrapped.append(self.module)
-            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site())
+            dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in self.module.modules())
+            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site(), dropout=dropout)
         return __init__
 
     _replace(DistributedDataParallel, "__init__", ddp_init)
@@ -436,7 +441,7 @@ def _install_wrappers(rec):
         def fsdp_init(original):
             def __init__(self, *args, **kwargs):
                 original(self, *args, **kwargs)
-                rec.event("wrapper", kind="FullyShardedDataParallel", site=rec.site())
+                rec.event("wrapper", kind="FullyShardedDataParallel", site=rec.site(), dropout=None)
             return __init__
 
         _replace(FullyShardedDataParallel, "__init__", fsdp_init)
@@ -446,7 +451,7 @@ def _install_wrappers(rec):
     def fully_shard_call(original):
         def fully_shard(*args, **kwargs):
             if not rec.called_from_torch():
-                rec.event("wrapper", kind="fully_shard", site=rec.site())
+                rec.event("wrapper", kind="fully_shard", site=rec.site(), dropout=None)
             return original(*args, **kwargs)
         return fully_shard  # wrapped: keeps the original's attributes (fully_shard.state, which pipelining calls)
 
@@ -619,7 +624,8 @@ def _install_exit(rec):
         if params:
             original_save(params, os.path.join(rec.out_dir, f"rank{rec.rank}.params.pt"))
         rec.event("exit", initialized=dist.is_available() and dist.is_initialized(), steps=rec.steps,
-                  optimizers=len(rec.optimizers), ddp_modules=len(rec.wrapped), rng_per_step=rec.rng_per_step)
+                  optimizers=len(rec.optimizers), ddp_modules=len(rec.wrapped), rng_per_step=rec.rng_per_step,
+                  rng_first_step=rec.rng_first_step)
         rec.log.close()
         gc.collect()  # DDP's reference cycle, and the process group it holds, go while Python is still whole
 
