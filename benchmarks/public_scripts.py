@@ -28,6 +28,11 @@ SCRIPTS = [
      "args": ["--dummy", "-b", "8", "--epochs", "1", "-j", "0", "--dist-backend", "gloo", "--dist-url", "env://"],
      "read": "no DDP on the CPU (separate models); a save on every rank without --multiprocessing-distributed; no"
              " destroy_process_group; mp.spawn only under --multiprocessing-distributed"},
+    {"name": "pytorch/examples distributed/FSDP2/example.py", "repo": "pytorch/examples",
+     "commit": "77f55b912142e11fcfdf5b530231fb9c52f181e8", "path": "distributed/FSDP2/example.py",
+     "patch": "pytorch+examples__FSDP2.patch", "args": [],
+     "read": "every rank draws the same random batch (one seed, torch.randint in the loop): no data parallelism,"
+             " which no DataLoader shows; a device from LOCAL_RANK (right); a checkpoint through its own class"},
 ]
 
 
