@@ -754,8 +754,9 @@ def _compare_reasons(record, single_record, ranks_params, one_params, names, npr
                        " ranks don't split the data, or the step count depends on the world size")
     starts = [n for n in names if f"start.{n}" in ranks_params and f"start.{n}" in one_params]
     if starts and any(not torch.equal(ranks_params[f"start.{n}"], one_params[f"start.{n}"]) for n in starts):
-        reasons.append("compare: why: the model starts from other weights on rank 0 than in one process (a seed"
-                       " that depends on the rank or the world size)")
+        reasons.append("compare: why: the model starts from other weights on rank 0 than in one process: its weights"
+                       " are drawn before any seed (each run draws its own), or from a seed that depends on the rank"
+                       " or the world size. Seed once, the same everywhere, before making the model")
     elif starts and all(f"first.{n}" in ranks_params and f"first.{n}" in one_params for n in starts):
         # The first step alone: from the same weights, its size is the gradient's (times the learning rate).
         moved_ranks = sum((ranks_params[f"first.{n}"] - ranks_params[f"start.{n}"]).abs().sum().item() for n in starts)
