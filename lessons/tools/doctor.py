@@ -304,7 +304,7 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
         undestroyed = [rank for rank, e in exits.items() if e and e["initialized"]]
         # Lightning and Accelerate make the group, and tear it down as they see fit (Lightning leaves a gloo
         # group to the interpreter's exit): the script has no line to change.
-        by_library = any(e.get("by_library") for evs in events.values() for e in evs if e["event"] == "init")
+        by_library = any(_in_a_library(e["site"]) for evs in events.values() for e in evs if e["event"] == "init")
         if undestroyed and all(exits.values()) and not by_library:
             found.append(Finding("no-destroy", (
                 f"rank(s) {', '.join(map(str, undestroyed))} exited with the process group never destroyed; end with"

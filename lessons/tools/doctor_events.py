@@ -31,7 +31,7 @@ FIELDS = {
     "autocast": {"device": (STR,), "dtype": (STR,), "site": (STR,)},
     # the process group and collectives
     "init": {"site": (STR,), "rank_given": (INT, NONE), "env_rank": (INT,), "local_rank": (INT,),
-             "world_size": (INT,), "by_library": (BOOL,)},
+             "world_size": (INT,)},
     "collective": {"op": (STR,), "site": (STR,), "shape": (LIST, NONE), "steps": (INT,)},
     "spawn": {"site": (STR,), "call": (STR,)},
     # checkpoints

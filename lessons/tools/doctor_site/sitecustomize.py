@@ -72,16 +72,6 @@ class _Recorder:
             frame = frame.f_back
         return "?"
 
-    def caller_is_a_library(self):
-        """True when the first frame outside torch and this file is an installed package's (Lightning, Accelerate)."""
-        frame = sys._getframe(1)
-        while frame is not None:
-            name = os.path.abspath(frame.f_code.co_filename)
-            if name != _THIS_FILE and not name.startswith(self.torch_dir) and not name.startswith("<"):
-                return f"{os.sep}site-packages{os.sep}" in name or f"{os.sep}dist-packages{os.sep}" in name
-            frame = frame.f_back
-        return False
-
     def made_by_torch(self):
         """True when torch itself made the object under construction (ZeroRedundancyOptimizer's inner optimizer):
         the first frame outside torch.optim's classes and this file is another part of torch."""
@@ -421,7 +411,6 @@ def _install_wrappers(rec):
     except Exception:  # noqa: BLE001  an old build
         pass
 
-    import torch
     seen_precisions = set()
 
     def autocast_enter(original):
@@ -483,7 +472,7 @@ def _install_process_group(rec):
             given = kwargs.get("rank", args[4] if len(args) > 4 else -1)
             rec.event("init", site=rec.site(), rank_given=None if given in (None, -1) else int(given),
                       env_rank=int(os.environ["RANK"]), local_rank=int(os.environ["LOCAL_RANK"]),
-                      world_size=int(os.environ.get("WORLD_SIZE", "1")), by_library=rec.caller_is_a_library())
+                      world_size=int(os.environ.get("WORLD_SIZE", "1")))
             return original(*args, **kwargs)
         return init_process_group
 

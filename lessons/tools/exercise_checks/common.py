@@ -33,6 +33,10 @@ RANK = int(os.environ.get("RANK", 0))
 GROUP_TIMEOUT = datetime.timedelta(seconds=120)  # the launch's own timeout (lessons.check) comes first
 RANK0_WAIT_S = 5  # fail(): how long another rank waits for rank 0's report (it comes within milliseconds if at all)
 
+# The checkout's exercises/, or, installed from a wheel, the same files as lessons/_exercises (pyproject.toml)
+EXERCISES = next(p for p in (Path(__file__).resolve().parents[3] / "exercises",
+                             Path(__file__).resolve().parents[2] / "_exercises") if p.is_dir())
+
 _store = None
 
 

@@ -21,10 +21,7 @@ from torch.utils.data._utils import fetch
 from common import RANK, case, fail, learner_path, passed, start
 import common
 
-# The checkout's exercises/, or, installed from a wheel, the same files as lessons/_exercises (pyproject.toml)
-EXERCISES = next(p for p in (Path(__file__).resolve().parents[3] / "exercises",
-                             Path(__file__).resolve().parents[2] / "_exercises") if p.is_dir())
-SINGLE_PROCESS = EXERCISES / "single_process_train.py"
+SINGLE_PROCESS = common.EXERCISES / "single_process_train.py"
 EPOCHS, BATCH, LR, SEED, SAMPLES = 2, 24, 0.05, 0, 1500
 recording = {"saves": [], "batches": [], "inits": 0}
 captured = {}  # the single-process runs' state_dicts, kept in memory
