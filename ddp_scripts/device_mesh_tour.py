@@ -9,7 +9,6 @@ gives every rank a summand (the full tensor is their sum). redistribute() change
 that does it, counted here by CommDebugMode.
 """
 import json
-import os
 
 import torch
 import torch.distributed as dist
@@ -17,11 +16,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-import ddp_common  # noqa: F401  a clean exit
+import ddp_common  # a clean exit, and the device
 
-device_type = "cuda" if torch.cuda.is_available() else "cpu"
-if device_type == "cuda":
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+backend, device = ddp_common.backend_and_device()  # a GPU for each rank, else gloo on the CPU
+dist.init_process_group(backend)
+device_type = device.type
 mesh = init_device_mesh(device_type, (2, 2), mesh_dim_names=("replicate", "shard"))
 rank = dist.get_rank()
 full = torch.arange(16.0, device=device_type).reshape(4, 4)  # the same on every rank: distribute_tensor needs it

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
+from ddp_common import backend_and_device  # the course's rule: a GPU for each rank, else the CPU
 from digits_ddp import digits  # lesson 00's data: 1792 digits, offline
 
 
@@ -20,7 +21,8 @@ def main():
     parser.add_argument("--save", default="model.pt")
     args = parser.parse_args()
 
-    accelerator = Accelerator(cpu=not torch.cuda.is_available())  # 1/5 and 2/5: the device, the process group
+    _, device = backend_and_device()  # fewer GPUs than ranks: Accelerate would put two ranks on one GPU
+    accelerator = Accelerator(cpu=device.type == "cpu")  # 1/5 and 2/5: the device, the process group
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
+from ddp_common import backend_and_device  # the course's rule: a GPU for each rank, else the CPU
 from digits_ddp import digits  # lesson 00's data: 1792 digits, offline
 
 
@@ -37,7 +38,8 @@ def main():
     world_size = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's; Lightning reads the same variables
     torch.manual_seed(0)
     model = Digits()
-    trainer = L.Trainer(accelerator="gpu" if torch.cuda.is_available() else "cpu",  # 1/5: the device
+    _, device = backend_and_device()  # fewer GPUs than ranks: Lightning would refuse "gpu"
+    trainer = L.Trainer(accelerator="gpu" if device.type == "cuda" else "cpu",  # 1/5: the device
                         devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), num_nodes=world_size // int(
                             os.environ.get("LOCAL_WORLD_SIZE", 1)),
                         strategy="ddp" if world_size > 1 else "auto",  # 2/5 the group, 3/5 the DDP wrapper

@@ -21,7 +21,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import ddp_common  # noqa: F401  a clean exit
+import ddp_common  # a clean exit, and the device
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--replicate", type=int, default=2, help="R: replica groups (DDP's dimension)")
@@ -32,9 +32,9 @@ options = parser.parse_args()
 world_size = int(os.environ["WORLD_SIZE"])
 if options.replicate * options.shard != world_size:
     raise SystemExit(f"--replicate {options.replicate} x --shard {options.shard} must be the world size, {world_size}")
-device_type = "cuda" if torch.cuda.is_available() else "cpu"
-if device_type == "cuda":
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+backend, device = ddp_common.backend_and_device()  # a GPU for each rank, else gloo on the CPU
+dist.init_process_group(backend)
+device_type = device.type
 mesh = init_device_mesh(device_type, (options.replicate, options.shard), mesh_dim_names=("replicate", "shard"))
 flat = init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))  # FSDP2 on one dimension
 rank = dist.get_rank()

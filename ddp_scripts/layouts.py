@@ -11,7 +11,6 @@ are compared with one process trained on the whole batch; one step's collectives
 import copy
 import json
 import logging
-import os
 import warnings
 
 import torch
@@ -24,16 +23,16 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import ddp_common  # noqa: F401  a clean exit
+import ddp_common  # a clean exit, and the device
 
 STEPS, ROWS, WIDTH, HIDDEN = 2, 8, 16, 64
 # Two notes torch prints that don't apply here: FSDP2's caution about in-place ops on a returned view (none here),
 # and DTensor's that gathering a 2-D sharded parameter for the comparison takes two all-gathers (it is not a step).
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-device_type = "cuda" if torch.cuda.is_available() else "cpu"
-if device_type == "cuda":
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+backend, device = ddp_common.backend_and_device()  # a GPU for each rank, else gloo on the CPU
+dist.init_process_group(backend)
+device_type = device.type
 world = init_device_mesh(device_type, (4,), mesh_dim_names=("all",))
 grid = init_device_mesh(device_type, (2, 2), mesh_dim_names=("dp", "tp"))
 rank = dist.get_rank()

@@ -17,7 +17,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-import ddp_common  # noqa: F401  a clean exit
+import ddp_common  # a clean exit, and the device
 
 PLANS = ("right", "rowwise-first", "sharded-input")
 logging.getLogger("torch._subclasses.fake_tensor").setLevel(logging.CRITICAL)  # logs rowwise-first's error: caught
@@ -29,9 +29,9 @@ plans = options.plan.split(",")
 if not set(plans) <= set(PLANS):
     raise SystemExit(f"--plan takes {', '.join(PLANS)}, got {options.plan}")
 
-device_type = "cuda" if torch.cuda.is_available() else "cpu"
-if device_type == "cuda":
-    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+backend, device = ddp_common.backend_and_device()  # a GPU for each rank, else gloo on the CPU
+dist.init_process_group(backend)
+device_type = device.type
 mesh = init_device_mesh(device_type, (int(os.environ["WORLD_SIZE"]),), mesh_dim_names=("tp",))
 rank, world_size = dist.get_rank(), dist.get_world_size()
 

@@ -3,24 +3,42 @@
 Every notebook runs on a laptop: a cell that needs a GPU tests for one (`if torch.cuda.is_available():` or
 `if torch.cuda.device_count() >= 2:`) and otherwise prints what it skipped. Those branches never run in `make test`.
 On a machine with CUDA, this executes each notebook that has such a cell (a copy in memory: the committed notebook
-is never written), and writes what every GPU cell printed to notebooks/gpu_report.md. Without CUDA it says so in
-one line and writes nothing.
+is never written), and writes what every GPU cell printed to notebooks/gpu_report.md. It then launches the scripts
+of lessons 14c and 15 (SCRIPT_RUNS) at the lesson's world size: on GPUs when there is one for each rank, else on the
+CPU with gloo, which the script says (ddp_common.backend_and_device). Without CUDA it says so in one line and writes
+nothing.
 """
+from __future__ import annotations
+
 import argparse
 import ast
 import datetime
 import re
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import nbformat
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 REPORT = NOTEBOOKS / "gpu_report.md"
 CELL_TIMEOUT_S = 900  # the slowest GPU cell launches torchrun with timeout=300; a cell past 15 min is stuck
+SCRIPT_TIMEOUT_S = 300
+# (script in ddp_scripts/, ranks, arguments): the lessons' launches whose scripts choose a device themselves.
+SCRIPT_RUNS = [
+    ("digits_accelerate.py", 2, ["--epochs", "1", "--save", "accelerate.pt"]),
+    ("digits_accelerate.py", 1, ["--epochs", "1", "--save", "one.pt"]),
+    ("digits_lightning.py", 2, ["--epochs", "1", "--save", "lightning.pt"]),
+    ("digits_lightning.py", 1, ["--epochs", "1", "--save", "one.pt"]),
+    ("device_mesh_tour.py", 4, []),
+    ("hsdp.py", 4, []),
+    ("tensor_parallel.py", 2, []),
+    ("layouts.py", 4, []),
+]
+FELL_BACK = re.compile(r"\d+ GPU\(s\) for \d+ ranks on this machine: using gloo on the CPU")
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,11 @@ def heading_of(source: str) -> str | None:
     return headings[-1] if headings else None
 
 
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    import nbformat  # here, not at the top: --scripts-only runs where only torch and the libraries are installed
+    return nbformat.read(path, as_version=4)
+
+
 def gpu_cells_of(notebook: nbformat.NotebookNode, name: str) -> list[GpuCell]:
     found, section = [], "(before the first section)"
     for index, cell in enumerate(notebook.cells):
@@ -95,7 +118,7 @@ def gpu_cells_of(notebook: nbformat.NotebookNode, name: str) -> list[GpuCell]:
 def gpu_cells(notebooks_dir: Path) -> list[GpuCell]:
     """Every GPU-only cell of the course, in notebook order."""
     return [cell for path in sorted(Path(notebooks_dir).glob("*.ipynb"))
-            for cell in gpu_cells_of(nbformat.read(path, as_version=4), path.name)]
+            for cell in gpu_cells_of(read_notebook(path), path.name)]
 
 
 # --- Running them --------------------------------------------------------------------------------------------------
@@ -133,7 +156,7 @@ def execute_copy(path: Path, notebooks_dir: Path) -> tuple[nbformat.NotebookNode
     Returns the executed copy and, if the run stopped early (a dead kernel, a stuck cell), why."""
     from nbclient import NotebookClient  # only needed where there is a GPU
 
-    notebook = nbformat.read(path, as_version=4)
+    notebook = read_notebook(path)
     for cell in notebook.cells:  # the committed (CPU) outputs must not pass for this run's
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
@@ -182,6 +205,34 @@ def run_gpu_cells(notebooks_dir: Path, gpus_here: int, after_each=None) -> list[
     return results
 
 
+@dataclass(frozen=True)
+class ScriptResult:
+    command: str
+    status: str  # "on the GPUs", "on the CPU: N GPU(s) for M ranks ...", "failed: exit N", "stopped: ..."
+    output: str
+
+
+def run_script(script: str, ranks: int, arguments: list[str]) -> ScriptResult:
+    """One launch under torchrun, in a scratch folder (the scripts write their checkpoints where they run)."""
+    command = ["torchrun", "--standalone", f"--nproc-per-node={ranks}", f"ddp_scripts/{script}", *arguments]
+    print(f"gpu-check: {' '.join(command)} ...", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        try:
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *command[1:3],
+                                   str(ROOT / command[3]), *arguments], cwd=scratch, capture_output=True, text=True,
+                                  timeout=SCRIPT_TIMEOUT_S)
+        except subprocess.TimeoutExpired as stopped:
+            output = (stopped.stdout or b"").decode() + (stopped.stderr or b"").decode()
+            return ScriptResult(" ".join(command), f"stopped: past {SCRIPT_TIMEOUT_S} s", output)
+    output = done.stdout + done.stderr
+    fell_back = FELL_BACK.search(output)
+    if done.returncode:
+        status = f"failed: exit {done.returncode}"
+    else:
+        status = f"on the CPU: {fell_back.group(0)}" if fell_back else "on the GPUs"
+    return ScriptResult(" ".join(command), status, output)
+
+
 # --- The report ----------------------------------------------------------------------------------------------------
 
 def fenced(text: str) -> str:
@@ -195,7 +246,7 @@ def table_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def report_markdown(machine: dict, results: list[CellResult]) -> str:
+def report_markdown(machine: dict, results: list[CellResult], scripts: list[ScriptResult] = ()) -> str:
     """The report, from the machine's facts (date, device, gpus, torch, cuda, command) and each cell's result."""
     lines = [
         "# GPU evidence: the course's GPU-only cells, run on a GPU",
@@ -222,6 +273,13 @@ def report_markdown(machine: dict, results: list[CellResult]) -> str:
         lines += ["", f"## {cell.notebook}, cell {cell.index}: {cell.section}", "", f"Status: {result.status}"]
         if result.output is not None:
             lines += ["", fenced(result.output or "(no output)")]
+    if scripts:
+        lines += ["", "## The scripts that choose their device: lessons 14c and 15", "",
+                  "Each ran at its lesson's world size: on GPUs when there is one for each rank, else on the CPU "
+                  "with gloo, as the script says.", "", "| command | status |", "|---|---|"]
+        lines += [f"| `{run.command}` | {table_cell(run.status)} |" for run in scripts]
+        for run in scripts:
+            lines += ["", f"### `{run.command}`", "", f"Status: {run.status}", "", fenced(run.output or "(no output)")]
     return "\n".join(lines) + "\n"
 
 
@@ -243,18 +301,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lessons.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--notebooks", type=Path, default=NOTEBOOKS, help="the folder of the course's notebooks")
     parser.add_argument("--report", type=Path, default=REPORT, help="where to write the report (markdown)")
+    parser.add_argument("--scripts-only", action="store_true", help="launch SCRIPT_RUNS, not the notebooks' cells")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to run; on a machine with "
-              f"one, this command runs the course's {len(gpu_cells(args.notebooks))} GPU cells and writes "
+              f"one, this command runs the course's {len(gpu_cells(args.notebooks))} GPU cells and "
+              f"{len(SCRIPT_RUNS)} launches of lessons 14c and 15, and writes "
               f"{shown(args.report)}")
         return 0
     command = " ".join(["python -m lessons.gpu_check", *(sys.argv[1:] if argv is None else argv)])
     facts = machine_facts(command)
-    results = run_gpu_cells(args.notebooks, torch.cuda.device_count(),
-                            after_each=lambda so_far: args.report.write_text(report_markdown(facts, so_far)))
+    results = [] if args.scripts_only else run_gpu_cells(
+        args.notebooks, torch.cuda.device_count(),
+        after_each=lambda so_far: args.report.write_text(report_markdown(facts, so_far)))
+    scripts = []
+    for script, ranks, arguments in SCRIPT_RUNS:
+        scripts.append(run_script(script, ranks, arguments))
+        args.report.write_text(report_markdown(facts, results, scripts))
     ran = sum(result.output is not None for result in results)
-    print(f"gpu-check: {ran} of {len(results)} GPU cells ran; the report is {shown(args.report)}")
+    failed = [run.command for run in scripts if not run.status.startswith("on the")]
+    print(f"gpu-check: {ran} of {len(results)} GPU cells ran; {len(scripts) - len(failed)} of {len(scripts)} scripts "
+          f"ran{': failed ' + '; '.join(failed) if failed else ''}; the report is {shown(args.report)}")
     return 0
 
 

@@ -1,7 +1,11 @@
 """make gpu-check (lessons/gpu_check.py) without a GPU: which cells it picks, what its report says, and its one line
 on a machine without CUDA. Nothing here starts a kernel or a launch; the GPU run itself needs a GPU."""
+import subprocess
+from pathlib import Path
+
 import nbformat
 import pytest
+import torch
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from conftest import ROOT
@@ -148,7 +152,8 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(monkeypatch, cap
     printed = capsys.readouterr()
     assert printed.err == "" and printed.out.count("\n") == 1
     assert printed.out.startswith("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to run;")
-    assert f"runs the course's {len(GPU_CELLS)} GPU cells and writes {report}" in printed.out
+    assert f"runs the course's {len(GPU_CELLS)} GPU cells and {len(gpu_check.SCRIPT_RUNS)} launches of lessons 14c " \
+           f"and 15, and writes {report}" in printed.out
     assert not report.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -162,3 +167,68 @@ def test_the_report_is_written_after_each_notebook(tmp_path):
     seen = []
     gpu_check.run_gpu_cells(notebooks, 1, after_each=lambda so_far: seen.append([r.cell.notebook for r in so_far]))
     assert seen == [["01_a.ipynb"], ["01_a.ipynb", "02_b.ipynb"]]
+
+
+# --- The scripts that choose a device: a GPU for each rank, else gloo on the CPU (issue 45) --------------------------
+
+def load_ddp_common():
+    """ddp_scripts/ddp_common.py as a module of its own (the scripts import it by their folder on sys.path)."""
+    import importlib.util
+    from conftest import SCRIPTS
+    spec = importlib.util.spec_from_file_location("ddp_common_under_test", SCRIPTS / "ddp_common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("gpus, ranks, expected", [(0, 2, "gloo cpu"), (1, 4, "gloo cpu"), (1, 2, "gloo cpu"),
+                                                   (2, 2, "nccl cuda:1"), (8, 4, "nccl cuda:1")])
+def test_a_rank_gets_a_gpu_only_when_every_rank_here_has_one(monkeypatch, capsys, gpus, ranks, expected):
+    """The fewer-GPUs-than-ranks machine (a 1-GPU laptop, 4 ranks) falls back to the CPU and says so in the line
+    gpu-check reads; a GPU per rank gets cuda:LOCAL_RANK and set_device. Torch cannot fake a device count in a
+    launch, so the device count is faked here, in the one function every such script calls."""
+    ddp_common = load_ddp_common()
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
+    backend, device = ddp_common.backend_and_device()
+    assert f"{backend} {device}" == expected
+    said = capsys.readouterr().err
+    assert bool(gpu_check.FELL_BACK.search(said)) == (0 < gpus < ranks), said
+    assert chosen == ([1] if backend == "nccl" else [])
+
+
+def test_every_script_that_may_use_a_gpu_chooses_it_by_the_one_rule():
+    """No script sets its device from torch.cuda.is_available() alone (lessons 14c and 15 did, and failed with an
+    invalid device ordinal on a 1-GPU machine): set_device only in ddp_common and the template (which has the same
+    rule, since it imports nothing of ours). And gpu-check launches every script of 14c and 15 that picks a device."""
+    from conftest import SCRIPTS
+    for script in sorted(SCRIPTS.glob("*.py")):
+        text = script.read_text()
+        code = "\n".join(line.split("#")[0] for line in text.splitlines())  # comments may name it
+        if script.name not in ("ddp_common.py", "template.py"):
+            assert "torch.cuda.set_device(" not in code and 'accelerator="gpu" if torch.cuda.is_available()' not in text and \
+                "Accelerator(cpu=not torch.cuda.is_available())" not in text, script.name
+    template = (SCRIPTS / "template.py").read_text()
+    assert "torch.cuda.device_count() >= ranks_here" in template
+    launched = {script for script, _, _ in gpu_check.SCRIPT_RUNS}
+    assert launched == {"digits_accelerate.py", "digits_lightning.py", "device_mesh_tour.py", "hsdp.py",
+                        "tensor_parallel.py", "layouts.py"}
+    for script in launched:
+        assert "backend_and_device()" in (SCRIPTS / script).read_text(), script
+
+
+def test_a_script_run_says_where_it_ran(monkeypatch):
+    """gpu-check's status from what the launch printed: the fallback line, a failure, or the GPUs."""
+    outputs = {"a.py": (0, "1 GPU(s) for 4 ranks on this machine: using gloo on the CPU\n"),
+               "b.py": (0, "RESULT {}\n"), "c.py": (1, "torch.AcceleratorError: CUDA error: invalid device ordinal\n")}
+
+    def fake_run(command, **_):
+        code, text = outputs[Path(command[5]).name]
+        return subprocess.CompletedProcess(command, code, stdout="", stderr=text)
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    assert [gpu_check.run_script(name, 4, []).status for name in outputs] == [
+        "on the CPU: 1 GPU(s) for 4 ranks on this machine: using gloo on the CPU", "on the GPUs", "failed: exit 1"]
