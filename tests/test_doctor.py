@@ -17,7 +17,7 @@ import pytest
 
 import lessons
 from conftest import FIXTURES, ROOT
-from lessons.tools.doctor import CODES, SITE_DIR, USAGE, examine
+from lessons.tools.doctor import CODES, NOTE, SITE_DIR, USAGE, examine
 
 CRASH = FIXTURES / "doctor" / "mistakes_then_crash.py"
 DATA = FIXTURES / "doctor" / "data_mistakes.py"
@@ -67,16 +67,23 @@ def test_data_mistakes(mistakes, expected, status, tmp_path, launch_env):
     # precision); and what a careless tool takes for mistakes
     (3, ["--global-batch", "--batch", "24", "--bf16"], 0, [
         "no findings\n"
-        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:57) drew 8 a step, 24 on"
+        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:60) drew 8 a step, 24 on"
         " 3 ranks; one process drew 24: the script asked for it itself: its batch flag is global\n",
         "compare: 3 ranks and one process train the same model: largest parameter difference",
-        "compare: note: the steps ran under autocast to bfloat16 (at tests/scripts/doctor/data_mistakes.py:74): the"
+        "compare: note: the steps ran under autocast to bfloat16 (at tests/scripts/doctor/data_mistakes.py:94): the"
         " tolerance is that precision's, 4e-03 of the weights' scale, not float32's 1e-04"]),
-    (2, ["--mistakes", "no-sampler"], 1, [
-        "same-samples: tests/scripts/doctor/data_mistakes.py:50: ranks 0 and 1 drew 100% of their samples",
+    # no sampler, in a loop that stops by counting (as Lightning's does): the passes never reach StopIteration and
+    # their samples are still compared; and a drop path (timm's kind) under one seed everywhere
+    (2, ["--mistakes", "no-sampler,drop-path", "--steps-per-epoch", "5"], 1, [
+        "same-samples: tests/scripts/doctor/data_mistakes.py:53: ranks 0 and 1 drew 100% of their samples",
+        "same-random-state: tests/scripts/doctor/data_mistakes.py:",
+        ": the model has DropPath(p=0.2), and the script draws its random numbers during the steps",
         "the script asked for 8 (its batch flag is per rank): the doctor gave it 16",
+        "compare: samples: at step 1 of training pass 1 the 2 ranks drew 8 samples and the one process 16, 8 of them"
+        " the same: the one process did not train on the ranks' global batch",
         "compare: 2 ranks and one process differ:",
-        "compare: why: 24 optimizer steps on the ranks, 12 in one process"]),
+        "after 10 steps on 2 ranks and 10 in one process",
+        "compare: note: the script draws random numbers during its steps"]),
 ])
 def test_compare(nproc, args, status, expected, launch_env):
     """A per-rank batch flag on a correct script, and a summed loss, are lesson 14b's runs; not repeated here."""
@@ -222,14 +229,16 @@ def test_compare_refuses_a_one_process_run_that_resumed_from_the_ranks_file(tmp_
     assert report.status == 2, str(report)
     [line] = report.compare
     assert line.startswith(f"compare: no comparison: the run as one process read {checkpoint} at "), line
-    assert line.endswith("template.py:106, which the ranks' run had just written: it resumed from their result"
+    load = next(n for n, text in enumerate((SCRIPTS / "template.py").read_text().splitlines(), 1)
+                if "torch.load(args.checkpoint" in text)
+    assert line.endswith(f"template.py:{load}, which the ranks' run had just written: it resumed from their result"
                          " instead of training from the start. Give --compare a run that starts from nothing"
                          " (another checkpoint path, or none)"), line
 
 
 def test_the_findings_are_ordered_by_severity_and_lesson_14b_lists_every_code():
     severities = [code.severity for code in CODES.values()]
-    assert severities == sorted(severities) and set(severities) == {1, 2, 3}
+    assert severities == sorted(severities) and set(severities) == {1, 2, 3, NOTE}
     notebook = json.loads((ROOT / "notebooks" / "14b_the_ddp_doctor.ipynb").read_text())
     tables = "".join("".join(c["source"]) for c in notebook["cells"] if c["cell_type"] == "markdown")
     listed = set(re.findall(r"^\| `([a-z-]+)` \|", tables, re.M))
@@ -339,22 +348,31 @@ def one_mistake(code, tmp_path):
         find(1, "load")["weights_only"] = False
     elif code == "no-destroy":
         find(0, "exit")["initialized"] = find(1, "exit")["initialized"] = True
+    elif code == "padded-evaluation":  # 9 samples on 2 ranks: one repeated; then a pass with no step
+        for rank in (0, 1):
+            find(rank, "sampler")["length"] = 9
+            runs[rank][-1:-1] = [{"event": "pass", "loader": 2, "number": 3, "steps": 4, "epoch": 1},
+                                 {"event": "batch", "loader": 2, "number": 3, "n": 1, "steps": 4}]
+    elif code == "map-location-on-gpus":
+        find(1, "load").update(map_location=None, saved_from=["cpu"])
     write_events(tmp_path, runs)
     for rank, tensors in weights.items():
         torch.save(tensors, tmp_path / f"rank{rank}.params.pt")
 
 
-@pytest.mark.parametrize("code", [None, *CODES])
+@pytest.mark.parametrize("code", [None, *(code for code in CODES if code != "device-from-global-rank")])
 def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
-    """The launches above plant several at once; here each alone, so no code fires because of another's mistake."""
+    """The launches above plant several at once; here each alone, so no code fires because of another's mistake.
+    (device-from-global-rank is read from the script's text: its own test below.)"""
     one_mistake(code, tmp_path)
     assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
 
 
 def test_what_is_not_a_mistake_stays_silent(tmp_path):
     """The controls of the codes a careless rule would fire on: a load without map_location of a file saved from
-    the CPU; a second pass at the same epoch in which the optimizer never stepped (evaluation); a crashed run's
-    missing calls and missing destroy; dropout drawn from each rank's own random state."""
+    the CPU (only a note: right here, wrong on GPUs); a second pass at the same epoch in which the optimizer never
+    stepped (evaluation, over a sampler that pads nothing); a crashed run's missing calls and missing destroy;
+    dropout drawn from each rank's own random state."""
     runs = {rank: clean_run(rank) for rank in (0, 1)}
     for rank in (0, 1):
         next(e for e in runs[rank] if e["event"] == "load").update(map_location=None, saved_from=["cpu"])
@@ -365,4 +383,30 @@ def test_what_is_not_a_mistake_stays_silent(tmp_path):
         runs[rank][-1].update(rng_per_step=True, rng_first_step=f"state of rank {rank}")  # state: seed + rank
     runs[1] = [e for e in runs[1] if e["event"] != "collective"]  # rank 1 crashed before its last call
     write_events(tmp_path, runs)
-    assert examine(tmp_path, 2, crashed=True) == []
+    assert [(f.code, CODES[f.code].severity) for f in examine(tmp_path, 2, crashed=True)] == [
+        ("map-location-on-gpus", NOTE)]
+
+
+GLOBAL_RANK_DEVICES = [  # (source, the note's line or None): the GPU picked by the global rank, and the controls
+    ("import torch.distributed as dist\ntorch.cuda.set_device(dist.get_rank())\n", 2),
+    ("rank = int(os.environ['RANK'])\ndevice = f'cuda:{rank}'\n", 2),
+    ("rank = dist.get_rank()\nmodel = DDP(model.to(rank), device_ids=[rank])\n", 2),
+    ("rank = os.environ.get('RANK')\nx = torch.device('cuda', rank)\n", 2),
+    ("local_rank = int(os.environ['LOCAL_RANK'])\ndevice = f'cuda:{local_rank}'\n", None),  # nanoGPT's
+    ("def main(rank, world_size):\n    model.to(rank)\n", None),  # mp.spawn's process index: a parameter
+    ("rank = dist.get_rank()\nrank = int(os.environ['LOCAL_RANK'])\nmodel.cuda(rank)\n", None),  # either
+    ("rank = dist.get_rank()\nif rank == 0:\n    torch.save(model.state_dict(), 'm.pt')\n", None),
+    ("rank = dist.get_rank()\nx = x.to(device)\n", None),
+]
+
+
+@pytest.mark.parametrize("source, line", GLOBAL_RANK_DEVICES)
+def test_a_gpu_picked_by_the_global_rank_is_a_note(source, line, tmp_path):
+    """Read from the script's text (the branch never runs on the CPU): only a name that is the global rank and
+    nothing else, in a device's place."""
+    from lessons.tools.doctor import _device_from_global_rank
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    found = _device_from_global_rank(script)
+    assert [f.site.rsplit(":", 1)[1] for f in found] == ([str(line)] if line else [])
+    assert all(f.code == "device-from-global-rank" and CODES[f.code].severity == NOTE for f in found)

@@ -31,8 +31,8 @@ SITE_FILE = SITE_DIR / "sitecustomize.py"  # the instruments: loaded into every 
 @dataclass(frozen=True)
 class Code:
     """A finding's stable code: how serious it is, and what it says in one phrase (lesson 14b's table says more)."""
-    severity: int  # 1 the trained model is not the one intended; 2 a waste or a corrupted file; 3 a risk
-    what: str
+    severity: int  # 1 the trained model is not the one intended; 2 a waste or a corrupted file; 3 a risk;
+    what: str  # 4 a note: right here, wrong elsewhere or slightly off (the exit status stays 0)
 
 
 # In the order the findings are listed: the most serious first, and within a severity as here.
@@ -53,7 +53,11 @@ CODES = {
     "map-location-maps-nothing": Code(3, "a map_location that maps no device the file holds"),
     "weights-only-off": Code(3, "torch.load(weights_only=False) runs code from the file"),
     "no-destroy": Code(3, "the process group is never destroyed"),
+    "padded-evaluation": Code(4, "an evaluation over a padding DistributedSampler counts some samples twice"),
+    "map-location-on-gpus": Code(4, "a load without map_location: right on the CPU, one GPU for all on GPUs"),
+    "device-from-global-rank": Code(4, "the GPU is chosen by the global rank: right on one node only"),
 }
+NOTE = 4
 PARAMS_ATOL = 1e-6  # float32 all-reduced gradients give the ranks the same bits; any drift is a real difference
 COMPARE_RTOL = 1e-4  # N ranks against one process: other summation orders, amplified over the steps (lesson 04)
 LOW_PRECISION = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # a unit roundoff: autocast's steps round to it
@@ -79,6 +83,7 @@ class DoctorReport:
     compare: list[str] = field(default_factory=list)  # --compare: the lines starting "compare:"
     compare_status: int | None = None  # 0 the same model, 1 not, 2 no comparison possible
     record: Record | None = field(default=None, repr=False)  # what the ranks recorded (lessons/tools/doctor_events.py)
+    notes: list[Finding] = field(default_factory=list)  # severity 4: printed after the findings, exit status 0
 
     @property
     def status(self) -> int:
@@ -97,7 +102,7 @@ class DoctorReport:
             lines.append(f"the script did not run to the end: {self.error}")
         if not lines:
             lines.append("no findings")
-        return "\n".join(lines + self.compare)
+        return "\n".join(lines + [f"note: {note}" for note in self.notes] + self.compare)
 
 
 @dataclass
@@ -128,7 +133,10 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
                           if compare else {})
     report.record = record
     if record is not None:
-        report.findings = examine_record(record, nproc * nodes, crashed=report.error is not None)
+        found = examine_record(record, nproc * nodes, crashed=report.error is not None)
+        found += _device_from_global_rank(script) if nproc * nodes > 1 else []
+        report.findings = [f for f in found if CODES[f.code].severity < NOTE]
+        report.notes = [f for f in found if CODES[f.code].severity == NOTE]
     if compare:
         report.compare, report.compare_status = _compare(script, nproc, args, timeout, env, report, record, started)
     return report
@@ -261,8 +269,8 @@ def passes_of(events: list[dict]) -> list[Pass]:
             p = passes[(e["loader"], e["number"])]
             if e["event"] == "batch":
                 p.batches, current = e["n"], p
-            else:
-                p.batches, p.ended, p.indices = e["batches"], True, e.get("indices")
+            else:  # a pass left before its end keeps the samples it drew, not a count to compare
+                p.batches, p.ended, p.indices = e["batches"], e.get("complete", True), e.get("indices")
     return list(passes.values())
 
 
@@ -299,6 +307,7 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
     found += _same_random_state(events, nproc)
     found += _rank_from_local_rank(events)
     found += _saves_and_loads(events, nproc)
+    found += _padded_evaluation(passes, samplers, nproc)
     if not crashed:
         exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
         undestroyed = [rank for rank, e in exits.items() if e and e["initialized"]]
@@ -311,6 +320,96 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
                 " dist.destroy_process_group(), or the exit can hang or abort (lesson 00)")))
     order = list(CODES)
     return sorted(found, key=lambda f: (CODES[f.code].severity, order.index(f.code)))
+
+
+def _padded_evaluation(passes, samplers, nproc) -> list[Finding]:
+    """A pass with no optimizer step (an evaluation) over a DistributedSampler that pads: len(data) is not a
+    multiple of the ranks, and drop_last=False repeats the first indices to even the shards."""
+    if nproc < 2:
+        return []
+    for rank, ps in sorted(passes.items()):
+        for p in ps:
+            sampler = samplers[rank].get(p.loader["sampler"])
+            if p.trained or not p.batches or sampler is None or sampler["drop_last"]:
+                continue
+            length, replicas = sampler["length"], sampler["num_replicas"]
+            padded = -length % replicas
+            if padded:
+                return [Finding("padded-evaluation", (
+                    f"an evaluation pass (no optimizer step) over a DistributedSampler of {length} samples on"
+                    f" {replicas} ranks: it pads the shards to {(length + padded) // replicas} each by repeating"
+                    f" {padded} sample(s), so a metric summed over the ranks counts them twice. Exact: evaluate"
+                    " on one rank, or count only each sample's first appearance (lesson 05)"), p.loader["site"])]
+    return []
+
+
+def _device_from_global_rank(script) -> list[Finding]:
+    """Read the script: a GPU picked by the global rank (dist.get_rank(), RANK) instead of LOCAL_RANK. On the CPU
+    that branch never runs; on one node the two ranks agree; from the second node on, cuda:RANK doesn't exist."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(script).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return []
+
+    def text(node):
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    def names_rank(node, names=()):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "int" and node.args:
+            return names_rank(node.args[0], names)
+        if isinstance(node, ast.Call) and not node.args and not node.keywords and (
+                isinstance(node.func, ast.Attribute) and node.func.attr == "get_rank" or
+                isinstance(node.func, ast.Name) and node.func.id == "get_rank"):
+            return True
+        if isinstance(node, ast.Subscript) and text(node.slice) == "RANK":
+            return True  # os.environ["RANK"]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
+                "get", "getenv") and node.args and text(node.args[0]) == "RANK":
+            return True
+        return isinstance(node, ast.Name) and node.id in names
+
+    assigned = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            assigned.setdefault(node.targets[0].id, []).append(node.value)
+    parameters = {a.arg for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.Lambda))
+                  for a in node.args.args + node.args.kwonlyargs}
+    names = {name for name, values in assigned.items() if name not in parameters
+             and all(names_rank(v) for v in values)}  # only ever the global rank
+
+    def by_rank(node):
+        return names_rank(node, names)
+
+    for node in ast.walk(tree):
+        chosen = None
+        if isinstance(node, ast.Call):
+            func = node.func
+            attr = func.attr if isinstance(func, ast.Attribute) else None
+            if attr == "set_device" and node.args and by_rank(node.args[0]):
+                chosen = "torch.cuda.set_device"
+            elif attr == "device" and len(node.args) == 2 and text(node.args[0]) == "cuda" and by_rank(node.args[1]):
+                chosen = "torch.device('cuda', rank)"
+            elif attr in ("cuda", "to") and len(node.args) == 1 and not node.keywords and by_rank(node.args[0]):
+                chosen = f".{attr}(rank)"
+            for keyword in node.keywords:
+                if keyword.arg == "device_ids" and isinstance(keyword.value, (ast.List, ast.Tuple)) and \
+                        any(by_rank(v) for v in keyword.value.elts):
+                    chosen = "device_ids=[rank]"
+        elif isinstance(node, ast.JoinedStr):
+            parts = node.values
+            for before, value in zip(parts, parts[1:]):
+                if text(before) and text(before).endswith("cuda:") and isinstance(value, ast.FormattedValue) \
+                        and by_rank(value.value):
+                    chosen = "f'cuda:{rank}'"
+        if chosen:
+            return [Finding("device-from-global-rank", (
+                f"{chosen} with the global rank: right on one node, where it equals LOCAL_RANK; from the second"
+                " node on it names a GPU that machine doesn't have (invalid device ordinal). Choose the GPU by"
+                " LOCAL_RANK: int(os.environ['LOCAL_RANK']) (lesson 10)"),
+                f"{_shown_path(str(script))}:{node.lineno}")]
+    return []
 
 
 def _first(events, kind):
@@ -551,10 +650,12 @@ def _same_random_state(events, nproc) -> list[Finding]:
     if len(states) != 1 or None in states:
         return []
     optimizer = _first(events, "optimizer")
+    layer = next(e["dropout"] for evs in events.values() for e in evs if e["event"] == "wrapper" and e.get("dropout"))
     return [Finding("same-random-state", (
-        "the model has dropout, and the script draws its random numbers during the steps from the same random state"
-        " on every rank: one seed everywhere, or none (torch's default seed is the same too), so every rank draws"
-        " the same dropout masks (and augmentations). Seed each rank differently after the model is made:"
+        f"the model has {layer}, and the script draws its random numbers during the steps from the same random state"
+        " on every rank (one seed everywhere; on GPUs no seed too: CUDA's generator starts from one default seed in"
+        " every process), so every rank draws the same dropout masks (and augmentations). Seed each rank differently"
+        " after the model is made:"
         " torch.manual_seed(seed + rank) (lesson 05)"), optimizer["site"] if optimizer else None)]
 
 
@@ -598,8 +699,8 @@ def _saves_and_loads(events, nproc) -> list[Finding]:
     if nproc > 1:
         for rank, e in loads:
             devices = [loc for loc in (e.get("saved_from") or []) if loc != "cpu"]
-            if e["map_location"] is None and devices and rank not in savers.get(e["path"], {}):  # a rank's own file:
-                # saved from its own GPU, it goes back there
+            if e["map_location"] is None and devices and set(savers.get(e["path"], {})) != {rank}:  # a rank's own
+                # file (only it wrote it), saved from its own GPU, goes back there
                 found.append(Finding("load-without-map-location", (
                     f"rank {rank}: torch.load({e['path']!r}) without map_location, of tensors saved from"
                     f" {', '.join(devices)}: every rank puts them back there, all on one GPU (its memory, and a"
@@ -615,6 +716,14 @@ def _saves_and_loads(events, nproc) -> list[Finding]:
                     f" file's tensors were saved from ({', '.join(devices) or 'cpu'}): they load where they were"
                     " saved, as with no map_location. Pass the device itself: map_location='cpu', or"
                     " f'cuda:{local_rank}' (lesson 07)"), e["site"]))
+                break
+        for rank, e in loads:  # the same line on GPUs: a file saved from cuda:0 loads there on every rank
+            if e["map_location"] is None and (e.get("saved_from") or []) == ["cpu"] and \
+                    set(savers.get(e["path"], {})) != {rank}:
+                found.append(Finding("map-location-on-gpus", (
+                    f"rank {rank}: torch.load({e['path']!r}) without map_location: right here, where the file holds"
+                    " CPU tensors; once the script runs on GPUs and saves from cuda:0, every rank loads the file"
+                    " onto cuda:0. Pass map_location='cpu' or the rank's own device (lesson 07)"), e["site"]))
                 break
     for rank, e in loads:
         if e["weights_only"] is False:
@@ -657,11 +766,11 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     whole = per_rank * nproc
     single, single_record = _run(script, 1, args, timeout, False, env, 1, {
         "LESSONS_DOCTOR_COMPARE": "1", "LESSONS_DOCTOR_BATCH": json.dumps({"site": site, "batch": whole})})
+    resumed = _read_what_the_ranks_wrote(record, single_record, started) if single_record is not None else None
+    if resumed:  # first: a resume from the ranks' checkpoint is often why the one process failed, too
+        return cannot(resumed)
     if single_record is None or single.error:
         return cannot(f"the run as one process did not finish: {single.error}")
-    resumed = _read_what_the_ranks_wrote(record, single_record, started)
-    if resumed:
-        return cannot(resumed)
     asked = next((e["asked_batch_size"] for e in single_record.events[0] if e["event"] == "loader"
                   and e["site"] == site), None)
     flag = ("the script asked for it itself: its batch flag is global" if asked == whole else
@@ -682,6 +791,12 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     # the weights by about that much, not by float32's.
     tolerance = max([COMPARE_RTOL] + [LOW_PRECISION[dtype] for dtype, _ in lowered]) * scale
     diff = max((ranks_params[n] - one_params[n]).abs().max().item() for n in names if one_params[n].numel())
+    moved = [(one_params[n] - one_params[f"start.{n}"]).abs().max().item() for n in names
+             if one_params[n].numel() and f"start.{n}" in one_params]
+    if moved and max(moved) <= tolerance:
+        return cannot(f"training moved the parameters by at most {max(moved):.2g}, within the tolerance"
+                      f" ({tolerance:.0e}): any two runs would agree to it. Compare more steps, or a larger"
+                      " learning rate")
     drawn, samples_match = _samples_per_step(record, single_record, site, per_rank, nproc)
     lines.append(f"compare: samples: {drawn}")
     same = diff <= tolerance and steps[0] == steps[1] and samples_match is not False
@@ -727,6 +842,10 @@ def _samples_per_step(record: Record, single_record: Record, site: str, per_rank
 
     ranks = {rank: training_passes(events) for rank, events in record.events.items()}
     one = training_passes(single_record.events[0])
+    read = {p.loader["dataset"] for ps in ranks.values() for p in ps[:1]}
+    if len(read) > 1:  # each rank's own part (data sharded by hand): indices into different data sets
+        return ("not compared: the ranks' loaders made there read different data sets (each rank its own part?),"
+                " so their indices don't name the same samples"), None
     whole, compared = per_rank * nproc, 0
     for number, single in enumerate(one):
         mine = [ps[number].indices for ps in ranks.values() if number < len(ps)]

@@ -21,12 +21,16 @@ FIELDS = {
     "pass": {"loader": (INT,), "number": (INT,), "site": (STR,), "steps": (INT,), "sampler": (INT, NONE),
              "epoch": (INT, NONE), "joined": (BOOL,)},
     "batch": {"loader": (INT,), "number": (INT,), "n": (INT,), "steps": (INT,)},
-    "pass_end": {"loader": (INT,), "number": (INT,), "batches": (INT,), "steps": (INT,), "indices": (LIST, NONE)},
+    # "complete": False when the pass was left before StopIteration (a loop that counts its batches, a break): it
+    # ended when the loader's next pass began, or at exit
+    "pass_end": {"loader": (INT,), "number": (INT,), "batches": (INT,), "steps": (INT,), "indices": (LIST, NONE),
+                 "complete": (BOOL,)},
     # models and optimizers
     "optimizer": {"optimizer": (INT,), "site": (STR,), "kind": (STR,)},
     "rng_per_step": {"site": (STR,), "steps": (INT,)},
-    # "dropout": the DDP-wrapped module has dropout layers (None: not looked at)
-    "wrapper": {"kind": (STR,), "site": (STR,), "dropout": (BOOL, NONE)},
+    # "dropout": the DDP-wrapped module's first layer that draws random numbers ("Dropout(p=0.2)", "DropPath(p=0.1)"),
+    # None when it has none
+    "wrapper": {"kind": (STR,), "site": (STR,), "dropout": (STR, NONE)},
     # the first entry into autocast at each (device, dtype): the precision the steps ran in
     "autocast": {"device": (STR,), "dtype": (STR,), "site": (STR,)},
     # the process group and collectives

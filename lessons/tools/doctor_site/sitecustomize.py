@@ -55,6 +55,7 @@ class _Recorder:
         self.start_sums = {}  # each optimizer's parameters at its first step, as (sum, sum of |x|) per tensor
         self.joined = 0  # inside how many Join contexts (DDP's join(), Join([...])): uneven batches are handled
         self.at_exit = []  # what each installer adds to the exit
+        self.open_passes = {}  # each loader's pass in progress (by the loader's id)
 
     def event(self, what, **fields):
         if os.getpid() != self.pid:  # a process the rank forked (a DataLoader worker) inherits the wrappers: inert
@@ -210,7 +211,11 @@ def _install_data(rec):
         def __init__(self, dataset, *args, **kwargs):
             where = rec.site()
             asked = kwargs.get("batch_size", args[0] if args else 1)
-            if override and where == override["site"] and asked is not None and asked != override["batch"]:
+            # A loader given a batch_sampler has no batch size to change (Lightning rebuilds its predict loader at
+            # the same line as the training loader): changing it would raise in the DataLoader.
+            by_batch_sampler = kwargs.get("batch_sampler") is not None or len(args) > 3 and args[3] is not None
+            if override and where == override["site"] and asked is not None and asked != override["batch"] \
+                    and not by_batch_sampler:
                 if args:
                     args = (override["batch"], *args[1:])
                 else:
@@ -237,10 +242,15 @@ def _install_data(rec):
         if loader_id is None:
             iterator._doctor = None
             return
+        left = rec.open_passes.pop(loader_id, None)
+        if left is not None and not left.get("ended"):  # a loop that stops by counting (Lightning's limit_*_batches,
+            left["ended"] = True  # a break) never reaches StopIteration: its pass ends when the next one starts
+            pass_end(left, complete=False)
         loader._doctor_passes += 1
         sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
         iterator._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
                             "record": loader._doctor_passes <= RECORDED_PASSES}
+        rec.open_passes[loader_id] = iterator._doctor
         rec.new_pass = True
         rec.event("pass", loader=loader_id, number=loader._doctor_passes, site=rec.site(), steps=rec.steps,
                   sampler=getattr(sampler, "_doctor_id", None), epoch=int(sampler.epoch) if sampler else None,
@@ -260,7 +270,7 @@ def _install_data(rec):
                 doctor = getattr(self, "_doctor", None)
                 if doctor is not None and not doctor.get("ended"):  # the last pass was left before its end
                     doctor["ended"] = True
-                    pass_end(doctor)
+                    pass_end(doctor, complete=False)
                 start_pass(self, loader)
         return _reset
 
@@ -276,10 +286,19 @@ def _install_data(rec):
             return index
         return _next_index
 
-    def pass_end(doctor):
+    def pass_end(doctor, complete=True):
         indices = doctor["indices"] if doctor["record"] else None
         rec.event("pass_end", loader=doctor["loader"], number=doctor["pass"], batches=doctor["batches"],
-                  steps=rec.steps, indices=indices)
+                  steps=rec.steps, indices=indices, complete=complete)
+
+    def passes_left_open(params):
+        """At exit: the passes never run to their end (or to a next pass), with the samples they drew."""
+        for doctor in list(rec.open_passes.values()):
+            if not doctor.get("ended"):
+                doctor["ended"] = True
+                pass_end(doctor, complete=False)
+
+    rec.at_exit.append(passes_left_open)
 
     def next_batch(original):
         def __next__(self):
@@ -384,11 +403,25 @@ def _install_wrappers(rec):
         def __init__(self, module, *args, **kwargs):
             original(self, module, *args, **kwargs)
             rec.wrapped.append(self.module)
-            dropout = any(isinstance(m, torch.nn.modules.dropout._DropoutNd) for m in self.module.modules())
-            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site(), dropout=dropout)
+            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site(), dropout=random_layer(self.module))
         return __init__
 
     _replace(DistributedDataParallel, "__init__", ddp_init)
+
+    def random_layer(module):
+        """The first layer that draws random numbers in training, as "Dropout(p=0.2)": dropout of p > 0, or a drop
+        path (stochastic depth: timm's and DINO's DropPath, torchvision's StochasticDepth); None if none."""
+        for m in module.modules():
+            name = type(m).__name__
+            if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+                p = m.p
+            elif name in ("DropPath", "StochasticDepth"):
+                p = next((getattr(m, a) for a in ("drop_prob", "p") if isinstance(getattr(m, a, None), float)), 0.0)
+            else:
+                continue
+            if p > 0:
+                return f"{name}(p={p:g})"
+        return None
 
     try:  # uneven batches inside Join (DDP's join(), Join([model, optimizer])) are handled by design
         from torch.distributed.algorithms.join import Join

@@ -5,7 +5,9 @@
   lengths under Join([model, optimizer]) (the fix for uneven inputs);
 - two tasks' loaders made by one helper, each sampler with its set_epoch;
 - an all_to_all_single with uneven splits (mixture-of-experts routing): the ranks' tensors differ in shape;
-- a file per rank, each saved by its rank and read back there.
+- a file per rank, each saved by its rank and read back there;
+- dropout with each rank's own seed, set after the model is made (the fix the doctor gives);
+- an epoch stopped by counting its batches (Lightning's limit_train_batches, a break): the same count on every rank.
 
     torchrun --standalone --nproc-per-node=2 correct_patterns.py SCRATCH_DIR
 """
@@ -54,7 +56,9 @@ def main():
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)))
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Dropout(0.1),
+                                    torch.nn.Linear(8, 1)))
+    torch.manual_seed(1 + rank)  # dropout: each rank its own masks
     optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.05)
 
     shard = DataLoader(RankShard(f"shard-{rank}.bin", 24), batch_size=4, num_workers=1)  # the same indices on
@@ -69,7 +73,9 @@ def main():
     for epoch in range(2):
         for sampler, loader in tasks:
             sampler.set_epoch(epoch)
-            for x, y in loader:
+            for batch, (x, y) in enumerate(loader):
+                if epoch == 1 and batch == 2:  # the second epoch stops by counting: no StopIteration
+                    break
                 step(model, optimizer, x, y)
 
     routed = [d + 1 for d in range(world_size)]  # every rank routes d + 1 rows to rank d: rank d receives more

@@ -6,7 +6,9 @@ test and the training loader, an evaluation sampler without set_epoch).
         [--loss-sum] [--checkpoint PATH] [--bf16]
 
 M: no-ddp, no-sampler, one-replica, sampler-from-local-rank, unseeded-split, sampler-per-epoch, unequal-shards,
-map-location-empty, save-on-local-rank-0. --batch is per rank, or the global batch with --global-batch.
+map-location-empty, save-on-local-rank-0, drop-path (a drop path, timm's kind, under one seed everywhere). --batch
+is per rank, or the global batch with --global-batch. --steps-per-epoch K stops each epoch after K batches by
+counting, as Lightning's limit_train_batches does (the pass never reaches StopIteration).
 """
 import argparse
 import os
@@ -18,7 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset, random_split
 
 MISTAKES = {"no-ddp", "no-sampler", "one-replica", "sampler-from-local-rank", "unseeded-split", "sampler-per-epoch",
-            "unequal-shards", "map-location-empty", "save-on-local-rank-0"}
+            "unequal-shards", "map-location-empty", "save-on-local-rank-0", "drop-path"}
 parser = argparse.ArgumentParser()
 parser.add_argument("--mistakes", default="")
 parser.add_argument("--batch", type=int, default=8)
@@ -26,6 +28,7 @@ parser.add_argument("--global-batch", action="store_true", help="--batch is the 
 parser.add_argument("--loss-sum", action="store_true", help="sum the loss over the batch instead of the mean")
 parser.add_argument("--checkpoint", help="save here at the end (rank 0) and load it back (every rank)")
 parser.add_argument("--bf16", action="store_true", help="the forward under autocast to bfloat16 (mixed precision)")
+parser.add_argument("--steps-per-epoch", type=int, help="stop each epoch after this many batches")
 options = parser.parse_args()
 mistakes = set(filter(None, options.mistakes.split(",")))
 assert mistakes <= MISTAKES, mistakes - MISTAKES
@@ -58,7 +61,22 @@ def make_loader():
 
 
 test_loader = DataLoader(test_set, batch_size=8, sampler=DistributedSampler(test_set, shuffle=True, seed=1))
-model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+class DropPath(torch.nn.Module):
+    """Stochastic depth as timm writes it: drops a sample's whole branch with probability drop_prob, in training."""
+
+    def __init__(self, drop_prob):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x):
+        if not self.training or self.drop_prob == 0:
+            return x
+        keep = (torch.rand(x.shape[0], 1) >= self.drop_prob).to(x.dtype)
+        return x * keep / (1 - self.drop_prob)
+
+
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), DropPath(0.2 if "drop-path" in mistakes else 0.0),
+                            torch.nn.Linear(8, 1))
 if "no-ddp" not in mistakes:
     model = DDP(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
@@ -69,7 +87,9 @@ for epoch in range(2):
     elif sampler is not None:
         sampler.set_epoch(epoch)
     first_x, _ = next(iter(loader))  # a look at one batch is no epoch
-    for x, y in loader:
+    for batch, (x, y) in enumerate(loader):
+        if batch == options.steps_per_epoch:
+            break
         optimizer.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=options.bf16):
             prediction = model(x)
