@@ -77,8 +77,10 @@ MISTAKE_HINTS = [
     ("convert_to_ddp", "convert_to_ddp_no_set_epoch.py", "saw epoch 1 in epoch 0's order with 2 ranks"),
     ("unpadded_eval", "unpadded_eval_mean_of_accuracies.py", "an average of per-rank accuracies"),
     ("resume", "resume_no_barrier.py", "read the checkpoint before rank 0 had written it"),
-    ("resume", "resume_restarts_the_epoch.py", "stopped at epoch 1 step 2 (8 steps) and resumed, trained 2 batch(es) "
+    ("resume", "resume_restarts_the_epoch.py", "stopped at epoch 0 step 2 (2 steps) and resumed, trained 2 batch(es) "
      "twice: the resumed run must start at the checkpoint's epoch and skip the steps it says are done"),
+    ("resume", "resume_skips_every_epoch.py", "stopped at epoch 0 step 2 (2 steps) and resumed, skipped the first 2 "
+     "steps of every epoch after it too (4 batches never trained): skip steps only in the epoch the checkpoint was"),
     ("resume", "resume_map_location_empty.py", "torch.load(map_location={}) with 2 ranks would put a tensor saved "
      "from cuda:0 on cuda:0, not on this rank's device (cpu)"),
     ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),
@@ -100,6 +102,14 @@ def test_typical_mistake_gets_its_hint(name, mistake, hint, launch_env, capsys, 
     first, out = verdict(capsys)
     assert not result.passed and first.startswith(f"FAIL {name}: "), out
     assert hint in first, out
+
+
+def test_a_right_answer_written_another_way_passes(launch_env, capsys):
+    """resume with lesson 07's atomic save: a file object to a temporary file, renamed onto the path. The check
+    used to refuse it ("no rank wrote the checkpoint to the path it was given")."""
+    result = lessons_check("resume", ROOT / "tests" / "exercise_variants" / "resume_atomic_save.py", launch_env)
+    first, out = verdict(capsys)
+    assert result.passed and first == "PASS resume", out
 
 
 def test_defines_nothing_through_the_command_line():

@@ -5,10 +5,12 @@ At 2 and 3 ranks: an uninterrupted run, and a run that saves at epoch 1 step 2, 
 *different* model and optimizer, loads, and finishes. The resumed parameters must hash like the uninterrupted
 ones. torch.save and torch.load are watched: who wrote (rank 0 only; its write is made slow, so a rank that
 reads without waiting for it fails), and torch.load's arguments (a map_location; weights_only not turned off).
-Then the learner's own train_loop, which owns the loop: stopped mid-epoch and resumed by a new model, the batches
-it trains must be those of an epoch loop with set_epoch, none twice, none skipped, in order.
+Then the learner's own train_loop, which owns the loop: stopped in epoch 0 of 3 and resumed by a new model, the
+batches it trains must be those of an epoch loop with set_epoch, none twice, none skipped, in order. A checkpoint
+written to a temporary file (a path or a file object) and renamed onto the path counts as a write of the path.
 """
 import hashlib
+import os
 import time
 from pathlib import Path
 
@@ -27,8 +29,13 @@ saves, loads = [], []
 real_save, real_load = torch.save, torch.load
 
 
+def written_name(f) -> str:
+    """A path, or the name of the file object torch.save was given (open(tmp, "wb"), as lesson 07 writes)."""
+    return str(getattr(f, "name", f))
+
+
 def watched_save(obj, f, *args, **kwargs):
-    saves.append(str(f))
+    saves.append(written_name(f))
     if dist.is_initialized() and dist.get_rank() == 0 and SAVING[0]:
         # The slowest disk: rank 0 writes only once every other rank has tried to read, or waits in a collective
         # (a barrier) now. A rank that loads without waiting for this write then always finds no file.
@@ -39,6 +46,17 @@ def watched_save(obj, f, *args, **kwargs):
                                                            for event in ("tried_to_load", "in_collective"))}
             time.sleep(0.02)
     return real_save(obj, f, *args, **kwargs)
+
+
+def watched_rename(rename):
+    """A checkpoint written to a temporary file and renamed onto the path (lesson 07's atomic save) is a write of the
+    path: the rank that saved the temporary file wrote it."""
+    def renamed(source, destination, *args, **kwargs):
+        result = rename(source, destination, *args, **kwargs)
+        if str(source) in saves:
+            saves.append(str(destination))
+        return result
+    return renamed
 
 
 def watched_load(f, *args, **kwargs):
@@ -74,6 +92,7 @@ def watched_collective(collective):
 
 
 torch.save, torch.load = watched_save, watched_load  # before the learner's file is imported
+os.replace, os.rename = watched_rename(os.replace), watched_rename(os.rename)  # Path.replace and .rename call these
 for name in ("barrier", "monitored_barrier", "all_reduce", "broadcast", "all_gather", "all_gather_object",
              "broadcast_object_list", "gather", "scatter", "reduce"):
     setattr(dist, name, watched_collective(getattr(dist, name)))
@@ -120,7 +139,8 @@ def train(model, optimizer, begin=(0, 0), stop_at=None, learner=None, path=None)
             optimizer.step()
 
 
-LOOP_SAMPLES, LOOP_BATCH, LOOP_EPOCHS = 24, 2, 2  # 6 steps an epoch at 2 ranks, 4 at 3
+LOOP_SAMPLES, LOOP_BATCH, LOOP_EPOCHS = 24, 2, 3  # 6 steps an epoch at 2 ranks, 4 at 3
+LOOP_STOP = 2  # stopped at epoch 0 step 2: two epochs follow the interrupted one, where nothing may be skipped
 
 
 class StopHere(Exception):
@@ -177,13 +197,18 @@ def check_learner_loop(learner, workdir, n, where):
         fail(f"train_loop's uninterrupted run trained other batches than an epoch loop {where} (the first "
              f"difference at batch {first_difference(straight, expected)}): call sampler.set_epoch(epoch) at the "
              "start of every epoch, and train every batch of the loader once")
-    path, stop_after = workdir / f"loop_{n}.pt", per_epoch + 2
+    path, stop_after = workdir / f"loop_{n}.pt", LOOP_STOP
     before, _ = run_learner_loop(learner, 0, path, stop_after=stop_after)
     after, resumed_model = run_learner_loop(learner, 1, path)  # a different start: only the checkpoint can fix it
-    trained, stop = before + after, f"stopped at epoch 1 step 2 ({stop_after} steps)"
+    trained, stop = before + after, f"stopped at epoch 0 step {LOOP_STOP} ({stop_after} steps)"
     if len(trained) > len(expected):
         fail(f"train_loop {where}, {stop} and resumed, trained {len(trained) - len(expected)} batch(es) twice: "
              "the resumed run must start at the checkpoint's epoch and skip the steps it says are done")
+    every_epoch = [b for i, b in enumerate(expected) if i < LOOP_STOP or i % per_epoch >= LOOP_STOP]
+    if trained == every_epoch:
+        fail(f"train_loop {where}, {stop} and resumed, skipped the first {LOOP_STOP} steps of every epoch after it "
+             f"too ({len(expected) - len(trained)} batches never trained): skip steps only in the epoch the "
+             "checkpoint was saved in (if epoch == start_epoch and step < start_step)")
     if len(trained) < len(expected):
         fail(f"train_loop {where}, {stop} and resumed, never trained {len(expected) - len(trained)} batch(es): "
              "skip exactly the steps the checkpoint says are done")
