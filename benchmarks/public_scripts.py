@@ -1,6 +1,6 @@
 """The DDP doctor on public training scripts, as TESTING.md asks of a tool: right on code nobody here wrote.
 
-    .venv/bin/python benchmarks/public_scripts.py SOURCES_DIR [--only NAME]
+    .venv/bin/python benchmarks/public_scripts.py SOURCES_DIR [--only NAME] [--python PYTHON]
 
 For each script below: its repository, commit and path; the edits that run it on 2 CPU ranks with tiny data (a
 patch in benchmarks/public_scripts/, applied with `patch -p1`; only device, backend and sizes change); what a
@@ -10,9 +10,22 @@ nothing is downloaded here, and no source is kept in this repository (their lice
 in a fresh temporary copy of its folder: plainly under torchrun, then under the doctor, then with --compare; the
 table's row says what the doctor found, its exit status, --compare's verdict and the seconds plain and doctored.
 A benchmark, not a test: the seconds vary with the machine's load. The results go to benchmarks/LOG.md.
+
+Some scripts need packages the course does not install ("needs"); give --python a Python that has them and sees the
+course, for example a venv whose .pth line is `import site; site.addsitedir(".venv/lib/python3.X/site-packages")`
+(absolute) with `uv pip install --no-deps timm huggingface_hub safetensors pyyaml jsonargparse docstring-parser
+typeshed-client` in it. Data is never downloaded: "prepare" writes tiny stand-ins where the script looks for its
+files (MNIST's raw files, a folder of images), so the script's own download code finds them present and skips the
+download. "fresh" names the folders a script resumes from, removed before each run; "nodes" adds a run with
+`-n 1 --nodes 2` (mistakes that show from the second node on). A source missing from SOURCES_DIR is a row that says
+so. Extract one at its commit from a clone with `git archive COMMIT | tar -x -C SOURCES_DIR/owner+name`.
 """
 import argparse
+import contextlib
+import gzip
+import re
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -33,7 +46,112 @@ SCRIPTS = [
      "patch": "pytorch+examples__FSDP2.patch", "args": [],
      "read": "every rank draws the same random batch (one seed, torch.randint in the loop): no data parallelism,"
              " which no DataLoader shows; a device from LOCAL_RANK (right); a checkpoint through its own class"},
+    {"name": "Lightning-AI/pytorch-lightning examples/pytorch/basics/backbone_image_classifier.py",
+     "repo": "Lightning-AI/pytorch-lightning", "commit": "7f0c3436cd3f6ad3753125672024fc415cbcb414",
+     "path": "examples/pytorch/basics/backbone_image_classifier.py",
+     "patch": "Lightning-AI+pytorch-lightning__backbone_image_classifier.patch",
+     "args": ["--trainer.accelerator=cpu", "--trainer.strategy=ddp", "--trainer.max_epochs=1",
+              "--trainer.limit_train_batches=4", "--trainer.limit_val_batches=2", "--trainer.limit_test_batches=2",
+              "--trainer.limit_predict_batches=2", "--data.batch_size=8"],
+     "needs": ["lightning", "jsonargparse", "docstring_parser", "typeshed_client"],
+     "prepare": ["mnist", "data"],
+     "read": "every rank downloads MNIST in the DataModule's __init__ (not prepare_data): a race on a first"
+             " download; val/test/train epoch losses logged without sync_dist (rank 0's only); test and predict"
+             " on a DistributedSampler (padded duplicates), predictions printed per rank, not gathered; Lightning"
+             " does the sampler, set_epoch, DDP, rank-0 checkpoint"},
+    {"name": "Lightning-AI/pytorch-lightning examples/fabric/image_classifier/train_fabric.py",
+     "repo": "Lightning-AI/pytorch-lightning", "commit": "7f0c3436cd3f6ad3753125672024fc415cbcb414",
+     "path": "examples/fabric/image_classifier/train_fabric.py",
+     "patch": "Lightning-AI+pytorch-lightning__train_fabric.patch",
+     "args": ["--epochs", "1", "--batch-size", "16"],
+     "needs": ["lightning", "torchmetrics"],
+     "prepare": ["mnist", "../../../Datasets"],
+     "read": "seed_everything(1) alike on every rank and the model has dropout: the same dropout masks on every"
+             " rank; print on every rank; otherwise right: setup_dataloaders shards (set_epoch by Fabric),"
+             " rank_zero_first download, torchmetrics syncs, fabric.save on rank 0"},
+    {"name": "huggingface/accelerate examples/cv_example.py", "repo": "huggingface/accelerate",
+     "commit": "16cb6eb80dd9aa8b4df1a63ef57863e455d53b83", "path": "examples/cv_example.py",
+     "patch": "huggingface+accelerate__cv_example.patch", "args": ["--data_dir", "pets", "--cpu"],
+     "needs": ["timm", "accelerate"],
+     "prepare": ["images", "pets", {"classes": 4, "per_class": 8, "size": 64, "name": "{c}_{i}.jpg",
+                                    "by_class": False}],
+     "read": "none of consequence: Accelerate shards the loaders, seeds its sampler per epoch, all-reduces"
+             " through DDP and de-duplicates the evaluation (gather_for_metrics); one seed on every rank"
+             " (set_seed(42)) gives the ranks' DataLoader workers the same seeds: the same random crops on every"
+             " rank (minor); the process group is destroyed by end_training()"},
+    {"name": "facebookresearch/dino main_dino.py", "repo": "facebookresearch/dino",
+     "commit": "7c446df5b9f45747937fb0d72314eb9f7b66930a", "path": "main_dino.py", "folder": ".",
+     "patch": "facebookresearch+dino__main_dino.patch",
+     "args": ["--arch", "vit_tiny", "--out_dim", "256", "--local_crops_number", "2", "--batch_size_per_gpu", "2",
+              "--epochs", "1", "--warmup_epochs", "0", "--use_fp16", "false", "--num_workers", "1",
+              "--data_path", "images", "--output_dir", "out"],
+     "fresh": ["out"],
+     "prepare": ["images", "images", {"classes": 2, "per_class": 8, "size": 64}],
+     "read": "one seed on every rank (utils.fix_random_seeds(args.seed), no rank): the student's DropPath"
+             " masks are the same on every rank, and so are the DataLoader workers' seeds (the same crops, flips,"
+             " jitter, blur on every rank); no destroy_process_group; a non-finite loss exits one rank alone"
+             " (sys.exit in the loop: the others hang); saves on rank 0 only (right); set_epoch (right)"},
+    {"name": "olehb/pytorch_ddp_tutorial ddp_tutorial_multi_gpu.py", "repo": "olehb/pytorch_ddp_tutorial",
+     "commit": "dee224b0085669d97cbc8394f1537817edc83dfc", "path": "ddp_tutorial_multi_gpu.py",
+     "patch": "olehb+pytorch_ddp_tutorial__multi_gpu.patch", "args": [], "prepare": ["mnist", "mnist_data"],
+     "nodes": True,
+     "read": "the sampler's rank is LOCAL_RANK and its num_replicas the GPUs of one node: on 2 nodes both nodes"
+             " train the same shards; MNIST downloaded on every rank at once; every rank evaluates the whole"
+             " test set and prints its own unreduced losses; a save on LOCAL_RANK 0 (one per node); no"
+             " destroy_process_group"},
+    {"name": "seba-1511/dist_tuto.pth train_dist.py", "repo": "seba-1511/dist_tuto.pth",
+     "commit": "a552567061a9985cdcfe72ecb9b47e4630d6a7fe", "path": "train_dist.py",
+     "patch": "seba-1511+dist_tuto.pth__train_dist.patch", "args": [], "prepare": ["mnist", "data"],
+     "read": "its own average_gradients all-reduces only `if type(param) is torch.Tensor`, never true of an"
+             " nn.Parameter: no gradient is ever reduced, each rank trains its own model on its own shard;"
+             " the same seed on every rank (the same dropout masks); it starts its own ranks with Process and"
+             " sets MASTER_PORT=29500 over torchrun's; epoch_loss += loss keeps every step's graph; no"
+             " destroy_process_group"},
+    {"name": "narumiruna/pytorch-distributed-example mnist/main.py", "repo": "narumiruna/pytorch-distributed-example",
+     "commit": "f031e0bf548272e522a39f33ec5d6cefad0e6653", "path": "mnist/main.py",
+     "patch": "narumiruna+pytorch-distributed-example__mnist.patch",
+     "args": ["--backend", "gloo", "-i", "env://", "--epochs", "2", "--batch-size", "16"],
+     "prepare": ["mnist", "data"],
+     "read": "no DDP: its own average_gradients all-reduces each p.grad and divides by the world size after"
+             " backward (right; one seed everywhere gives the same start); no sampler.set_epoch: every epoch the"
+             " same order; MNIST downloaded on every rank; every rank evaluates the whole test set and prints"
+             " its own metrics; no destroy_process_group"},
 ]
+
+
+def fake_mnist(root: Path, train: int = 256, test: int = 64) -> None:
+    """MNIST's four raw files, as torchvision reads them (idx format), with random digits: download=True then finds
+    them and downloads nothing."""
+    import numpy as np
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(0)
+    for split, count in (("train", train), ("t10k", test)):
+        images = generator.integers(0, 256, size=(count, 28, 28), dtype=np.uint8)
+        labels = generator.integers(0, 10, size=count, dtype=np.uint8)
+        for kind, array, header in (("images-idx3", images, struct.pack(">IIII", 2051, count, 28, 28)),
+                                    ("labels-idx1", labels, struct.pack(">II", 2049, count))):
+            data = header + array.tobytes()
+            (raw / f"{split}-{kind}-ubyte").write_bytes(data)
+            (raw / f"{split}-{kind}-ubyte.gz").write_bytes(gzip.compress(data))
+
+
+def image_folder(root: Path, classes: int = 4, per_class: int = 8, size: int = 64, name: str = "{i}.png",
+                 by_class: bool = True) -> None:
+    """A folder of small random images: root/class_c/0.png... (ImageFolder's layout), or all in root when not
+    by_class; name is a format of c (the class) and i."""
+    import numpy as np
+    from PIL import Image
+    generator = np.random.default_rng(0)
+    for c in range(classes):
+        folder = root / f"class_{c}" if by_class else root
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = generator.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(folder / name.format(c=c, i=i))
+
+
+PREPARE = {"mnist": fake_mnist, "images": image_folder}  # a script's "prepare": [kind, folder, {options}]
 
 
 def run(command, cwd):
@@ -42,43 +160,86 @@ def run(command, cwd):
     return done, time.monotonic() - started
 
 
-def examine(script: dict, sources: Path) -> list[str]:
-    """One row: the findings' codes, the exit status, --compare's last line, the seconds plain and doctored."""
+def has_module(python: Path, name: str) -> bool:
+    return subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode == 0
+
+
+def examine(script: dict, sources: Path, python: Path, show: bool = False,
+            keep: Path | None = None) -> list[str]:
+    """One row: the findings' codes (notes marked), the exit status, --compare's verdict, the seconds plain and
+    doctored."""
     repo_dir = sources / script["repo"].replace("/", "+")
     if not (repo_dir / script["path"]).is_file():
         return [script["name"], "-", "-", f"not in {repo_dir}", "-"]
-    python = ROOT / ".venv" / "bin" / "python"
-    with tempfile.TemporaryDirectory() as work:
-        folder = Path(script["path"]).parent
-        shutil.copytree(repo_dir / folder, Path(work) / folder)
+    missing = [name for name in script.get("needs", []) if not has_module(python, name)]
+    if missing:
+        return [script["name"], "-", "-", f"needs {', '.join(missing)}: see --python", "-"]
+    keep = Path(keep, script["repo"].replace("/", "+")) if keep else None
+    if keep:
+        shutil.rmtree(keep, ignore_errors=True)
+        keep.mkdir(parents=True)
+    with (contextlib.nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory()) as work:
+        folder = Path(script.get("folder", Path(script["path"]).parent))
+        shutil.copytree(repo_dir / folder, Path(work) / folder, dirs_exist_ok=True)  # "folder": "." too
         patched = subprocess.run(["patch", "-p1", "-i", PATCHES / script["patch"]], cwd=work, text=True,
                                  capture_output=True)
         if patched.returncode:
             return [script["name"], "-", "-", f"the patch did not apply: {patched.stdout.strip()[:80]}", "-"]
-        here, name = Path(work) / folder, Path(script["path"]).name
-        plain, plain_s = run([ROOT / ".venv" / "bin" / "torchrun", "--standalone", "--nproc-per-node=2", name,
-                              *script["args"]], here)
-        doctored, doctored_s = run([python, "-m", "lessons", "doctor", name, "-n", "2", "--", *script["args"]], here)
-        compared, _ = run([python, "-m", "lessons", "doctor", name, "-n", "2", "--compare", "--",
-                           *script["args"]], here)
-    codes = [line.split(":", 1)[0] for line in doctored.stdout.splitlines() if line and not line.startswith(
-        ("the script", "no findings"))]
-    verdict = next((line for line in reversed(compared.stdout.splitlines()) if line.startswith("compare:")), "-")
-    return [script["name"], ", ".join(codes) or "no findings", f"{doctored.returncode} (plain {plain.returncode})",
-            verdict.removeprefix("compare: ")[:90], f"{plain_s:.1f} / {doctored_s:.1f}"]
+        here = Path(work) / Path(script["path"]).parent
+        name = Path(script["path"]).name
+        if "prepare" in script:
+            kind, data_folder, *options = script["prepare"]
+            PREPARE[kind](here / data_folder, **(options[0] if options else {}))
+
+        def fresh():  # a script that resumes from what it wrote ("fresh": its output folders) starts from nothing
+            for path in script.get("fresh", []):
+                shutil.rmtree(here / path, ignore_errors=True)
+        runs = {"plain": [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", name],
+                "doctored": [python, "-m", "lessons", "doctor", name, "-n", "2", "--"],
+                "--compare": [python, "-m", "lessons", "doctor", name, "-n", "2", "--compare", "--"]}
+        if script.get("nodes"):  # mistakes that show only from the second node on
+            runs["2 nodes"] = [python, "-m", "lessons", "doctor", name, "-n", "1", "--nodes", "2", "--"]
+        done, seconds = {}, {}
+        for title, command in runs.items():
+            fresh()
+            done[title], seconds[title] = run([*command, *script["args"]], here)
+    if show:
+        for title, result in done.items():
+            print(f"--- {script['name']}: {title}, exit {result.returncode}\n{result.stdout[-6000:]}"
+                  f"{result.stderr[-6000:]}")
+
+    def codes(result):
+        found = []
+        for line in result.stdout.splitlines():
+            note = line.startswith("note: ")
+            code = line.removeprefix("note: ").split(":", 1)[0]
+            if re.fullmatch(r"[a-z]+(-[a-z]+)+", code):
+                found.append(f"{code} (note)" if note else code)
+        return ", ".join(found) or "no findings"
+    compare_lines = [line.removeprefix("compare: ") for line in done["--compare"].stdout.splitlines()
+                     if line.startswith("compare: ")]
+    verdict = next((line for line in compare_lines if line.startswith(("no comparison", "2 ranks and one"))), "-")
+    found = codes(done["doctored"]) + (f"; with 2 nodes: {codes(done['2 nodes'])}" if "2 nodes" in done else "")
+    return [script["name"], found, f"{done['doctored'].returncode} (plain {done['plain'].returncode})",
+            verdict[:110], f"{seconds['plain']:.1f} / {seconds['doctored']:.1f}"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", type=Path, help="the repositories, as SOURCES/owner+name/ at their commits")
     parser.add_argument("--only", help="one script, by a part of its name")
+    parser.add_argument("--python", type=Path, default=ROOT / ".venv" / "bin" / "python",
+                        help="the Python that runs the scripts and the doctor (default: the course's)")
+    parser.add_argument("--show", action="store_true", help="print each run's output too (to make a patch)")
+    parser.add_argument("--keep", type=Path, help="leave each patched copy in KEEP/owner+name/ (to time it again)")
     options = parser.parse_args()
     print("| script (commit) | read before running | found | exit | --compare | seconds, plain / doctored |")
     print("|---|---|---|---|---|---|")
     for script in SCRIPTS:
         if options.only and options.only not in script["name"]:
             continue
-        name, found, status, compare, seconds = examine(script, options.sources)
+        name, found, status, compare, seconds = examine(script, options.sources, options.python, options.show,
+                                                        options.keep)
         print(f"| {name} ({script['commit'][:7]}) | {script['read']} | {found} | {status} | {compare} | {seconds} |",
               flush=True)
     return 0
