@@ -67,15 +67,15 @@ def test_data_mistakes(mistakes, expected, status, tmp_path, launch_env):
     # precision); and what a careless tool takes for mistakes
     (3, ["--global-batch", "--batch", "24", "--bf16"], 0, [
         "no findings\n"
-        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:60) drew 8 a step, 24 on"
+        "compare: batch: each rank's loader (made at tests/scripts/doctor/data_mistakes.py:61) drew 8 a step, 24 on"
         " 3 ranks; one process drew 24: the script asked for it itself: its batch flag is global\n",
         "compare: 3 ranks and one process train the same model: largest parameter difference",
-        "compare: note: the steps ran under autocast to bfloat16 (at tests/scripts/doctor/data_mistakes.py:94): the"
+        "compare: note: the steps ran under autocast to bfloat16 (at tests/scripts/doctor/data_mistakes.py:96): the"
         " tolerance is that precision's, 4e-03 of the weights' scale, not float32's 1e-04"]),
     # no sampler, in a loop that stops by counting (as Lightning's does): the passes never reach StopIteration and
     # their samples are still compared; and a drop path (timm's kind) under one seed everywhere
-    (2, ["--mistakes", "no-sampler,drop-path", "--steps-per-epoch", "5"], 1, [
-        "same-samples: tests/scripts/doctor/data_mistakes.py:53: ranks 0 and 1 drew 100% of their samples",
+    (2, ["--mistakes", "no-sampler,drop-path,batch-norm", "--steps-per-epoch", "5"], 1, [
+        "same-samples: tests/scripts/doctor/data_mistakes.py:54: ranks 0 and 1 drew 100% of their samples",
         "same-random-state: tests/scripts/doctor/data_mistakes.py:",
         ": the model has DropPath(p=0.2), and the script draws its random numbers during the steps",
         "the script asked for 8 (its batch flag is per rank): the doctor gave it 16",
@@ -83,7 +83,8 @@ def test_data_mistakes(mistakes, expected, status, tmp_path, launch_env):
         " the same: the one process did not train on the ranks' global batch",
         "compare: 2 ranks and one process differ:",
         "after 10 steps on 2 ranks and 10 in one process",
-        "compare: note: the script draws random numbers during its steps"]),
+        "compare: note: the script draws random numbers during its steps",
+        "compare: note: the model has BatchNorm1d (wrapped at tests/scripts/doctor/data_mistakes.py:"]),
 ])
 def test_compare(nproc, args, status, expected, launch_env):
     """A per-rank batch flag on a correct script, and a summed loss, are lesson 14b's runs; not repeated here."""
@@ -324,7 +325,7 @@ def one_mistake(code, tmp_path):
     elif code == "same-random-state":
         for rank in (0, 1):
             find(rank, "exit").update(rng_per_step=True, rng_first_step="3f2a")
-            find(rank, "wrapper")["dropout"] = True
+            find(rank, "wrapper")["dropout"] = "Dropout(p=0.5)"
     elif code == "no-set-epoch":
         for rank in (0, 1):
             next(e for e in runs[rank] if e["event"] == "pass" and e["number"] == 2)["epoch"] = 0
@@ -379,7 +380,7 @@ def test_what_is_not_a_mistake_stays_silent(tmp_path):
         runs[rank][-1:-1] = [{"event": "pass", "loader": 2, "number": 3, "steps": 4, "epoch": 1},
                              {"event": "batch", "loader": 2, "number": 3, "n": 1, "steps": 4}]
         runs[rank][-1]["initialized"] = True
-        next(e for e in runs[rank] if e["event"] == "wrapper")["dropout"] = True  # dropout, each rank its own
+        next(e for e in runs[rank] if e["event"] == "wrapper")["dropout"] = "Dropout(p=0.5)"  # dropout, each rank its own
         runs[rank][-1].update(rng_per_step=True, rng_first_step=f"state of rank {rank}")  # state: seed + rank
     runs[1] = [e for e in runs[1] if e["event"] != "collective"]  # rank 1 crashed before its last call
     write_events(tmp_path, runs)

@@ -811,6 +811,12 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
                      f" {COMPARE_RTOL:.0e}")
     if not same:
         lines += _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch)
+        norm = next((e for evs in record.events.values() for e in evs if e["event"] == "wrapper"
+                     and e.get("batch_norm")), None)
+        if norm:
+            lines.append(f"compare: note: the model has {norm['batch_norm']} (wrapped at {norm['site']}): in training"
+                         f" each rank normalizes with its own {per_rank} samples' statistics, one process with all"
+                         f" {whole}, so the runs differ without a mistake; SyncBatchNorm makes them one (lesson 08)")
     if any(next((e["rng_per_step"] for e in evs if e["event"] == "exit"), False) for r in (record, single_record)
            for evs in r.events.values()):
         lines.append("compare: note: the script draws random numbers during its steps (dropout, random"

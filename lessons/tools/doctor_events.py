@@ -30,7 +30,8 @@ FIELDS = {
     "rng_per_step": {"site": (STR,), "steps": (INT,)},
     # "dropout": the DDP-wrapped module's first layer that draws random numbers ("Dropout(p=0.2)", "DropPath(p=0.1)"),
     # None when it has none
-    "wrapper": {"kind": (STR,), "site": (STR,), "dropout": (STR, NONE)},
+    # "batch_norm": its first BatchNorm layer that is not a SyncBatchNorm ("BatchNorm1d"), None when none
+    "wrapper": {"kind": (STR,), "site": (STR,), "dropout": (STR, NONE), "batch_norm": (STR, NONE)},
     # the first entry into autocast at each (device, dtype): the precision the steps ran in
     "autocast": {"device": (STR,), "dtype": (STR,), "site": (STR,)},
     # the process group and collectives

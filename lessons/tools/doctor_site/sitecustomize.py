@@ -403,7 +403,10 @@ def _install_wrappers(rec):
         def __init__(self, module, *args, **kwargs):
             original(self, module, *args, **kwargs)
             rec.wrapped.append(self.module)
-            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site(), dropout=random_layer(self.module))
+            batch_norm = next((type(m).__name__ for m in self.module.modules() if isinstance(
+                m, torch.nn.modules.batchnorm._BatchNorm) and not isinstance(m, torch.nn.SyncBatchNorm)), None)
+            rec.event("wrapper", kind="DistributedDataParallel", site=rec.site(), dropout=random_layer(self.module),
+                      batch_norm=batch_norm)
         return __init__
 
     _replace(DistributedDataParallel, "__init__", ddp_init)

@@ -6,7 +6,8 @@ test and the training loader, an evaluation sampler without set_epoch).
         [--loss-sum] [--checkpoint PATH] [--bf16]
 
 M: no-ddp, no-sampler, one-replica, sampler-from-local-rank, unseeded-split, sampler-per-epoch, unequal-shards,
-map-location-empty, save-on-local-rank-0, drop-path (a drop path, timm's kind, under one seed everywhere). --batch
+map-location-empty, save-on-local-rank-0, drop-path (a drop path, timm's kind, under one seed everywhere),
+batch-norm (no mistake: a BatchNorm, whose per-rank statistics explain a --compare difference). --batch
 is per rank, or the global batch with --global-batch. --steps-per-epoch K stops each epoch after K batches by
 counting, as Lightning's limit_train_batches does (the pass never reaches StopIteration).
 """
@@ -20,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDataset, random_split
 
 MISTAKES = {"no-ddp", "no-sampler", "one-replica", "sampler-from-local-rank", "unseeded-split", "sampler-per-epoch",
-            "unequal-shards", "map-location-empty", "save-on-local-rank-0", "drop-path"}
+            "unequal-shards", "map-location-empty", "save-on-local-rank-0", "drop-path", "batch-norm"}
 parser = argparse.ArgumentParser()
 parser.add_argument("--mistakes", default="")
 parser.add_argument("--batch", type=int, default=8)
@@ -76,6 +77,7 @@ class DropPath(torch.nn.Module):
 
 
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), DropPath(0.2 if "drop-path" in mistakes else 0.0),
+                            torch.nn.BatchNorm1d(8) if "batch-norm" in mistakes else torch.nn.Identity(),
                             torch.nn.Linear(8, 1))
 if "no-ddp" not in mistakes:
     model = DDP(model)
