@@ -151,3 +151,13 @@ def test_no_two_notebooks_name_the_same_scratch_path():
     assert {"artifacts/lesson07", "data/png_digits", "scratch/try_all_reduce.py"} <= set(owners), owners
     shared = {name: names for name, names in owners.items() if len(names) > 1}
     assert shared == {}, f"scratch paths named by more than one notebook: {shared}"
+
+
+def test_lesson_00_full_track_reaches_the_last_lessons():
+    """Lesson 00's "Where to go next" once ended the full track at 14b: it must name the lessons before the
+    appendix, so a new last lesson is added there too."""
+    notebook = ROOT / "notebooks" / "00_start_here.ipynb"
+    section = "".join(text(cell) for cell in cells(notebook)).split("Where to go next")[1]
+    full = section.split("**Full track**")[1].split("\n- ")[0]
+    for name in FULL[-3:-1]:
+        assert f"→ {name.split('_')[0]}" in full, f"lesson 00's full track leaves out {name}"

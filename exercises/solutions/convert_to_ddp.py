@@ -46,7 +46,8 @@ def main():
 
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
     dataset = digits(args.seed)
-    # Each rank every N-th sample of the same seeded order; the lr and the loss stay as they were.
+    # Each rank every N-th sample of the same seeded order. The loss stays a mean, and the learning rate stays:
+    # it follows the global batch, which --batch-size keeps (N times the global batch: about N times the lr, 13b).
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size // world_size, sampler=sampler)
     model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).to(device)
