@@ -56,17 +56,11 @@ def fingerprints(error: LaunchError, case: str | None = None) -> list[tuple[str,
                       r"OpType=(\w+), TensorShape=(\[[\d, ]*\])", message)
 
 
-CHECK_COLUMNS = ("what is compared", "measured", "verdict", "control (the broken or other case)")
-
-
 def checks(title: str, rows: list[tuple[str, str, bool, str]]) -> None:
-    """Print one idea's checks as a small table: what is compared, what was measured, the verdict, and the control.
+    """Print one idea's evidence, a line a claim: what was seen, and beside it the other case it is set against.
 
-    Each row is (what, measured, holds, control): ``holds`` is computed by the caller from the run's own data, so
-    the verdict column says FAILS when it is False."""
-    table = [CHECK_COLUMNS] + [(what, measured, "holds" if holds else "FAILS", control)
-                               for what, measured, holds, control in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(CHECK_COLUMNS) - 1)]
+    Each row is (what, measured, holds, control): ``holds`` is computed by the caller from the run's own data; a
+    line whose claim does not hold starts with FAILS instead of the check mark."""
     print(title)
-    for row in table:
-        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    for what, measured, holds, control in rows:
+        print(f"  {'✓' if holds else 'FAILS'} {what}: {measured} (against: {control})")
