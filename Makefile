@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.setup-done
 
-.PHONY: setup browser slurm system-packages lab test execute cost stress gpu-check compat clean
+.PHONY: setup browser slurm system-packages lab test execute cost stress gpu-check compat site clean
 
 setup: $(STAMP)
 
@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@# TMPDIR: uv leaves a lock file behind in its temporary directory; let that be the venv's, not /tmp.
 	$(PY) -m pip install --quiet --disable-pip-version-check $(UV) && mkdir -p $(VENV)/tmp \
 	  && TMPDIR=$(abspath $(VENV))/tmp $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode \
-	     -c constraints.txt -e '.[course,test]' \
+	     -c constraints.txt -e '.[course,test,site]' \
 	  || { echo "uv failed: installing with pip" \
-	       && $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[course,test]' \
+	       && $(PY) -m pip install --quiet --disable-pip-version-check --no-compile -c constraints.txt -e '.[course,test,site]' \
 	       && { $(PY) -m compileall -q -j 0 $(VENV)/lib >/dev/null || true; }; }
 	touch $(STAMP)
 
@@ -92,6 +92,12 @@ gpu-check: setup
 # would in a project of their own (uv's cache keeps the wheels). Not part of make test.
 compat: setup
 	$(PY) benchmarks/compat.py
+
+# The course as a static site in site/ (book/build.py): the committed notebooks as they are, never executed, and no
+# network when a page is read. The widgets' JavaScript comes once from npm's registry into .venv/site-js/, checked
+# against npm's hashes. Open site/index.html, or serve it: python -m http.server -d site.
+site: setup
+	$(PY) book/build.py
 
 clean:
 	rm -rf $(VENV)

@@ -1,4 +1,5 @@
 """environment.yml (conda) names the same packages as pyproject.toml, with the pins of constraints.txt."""
+import json
 import re
 import tomllib
 
@@ -18,7 +19,7 @@ def conda_pip_requirements() -> list[str]:
 def test_same_packages_as_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    wanted = {name_of(r) for r in project["dependencies"] + extras["course"] + extras["test"]}
+    wanted = {name_of(r) for r in project["dependencies"] + extras["course"] + extras["test"] + extras["site"]}
     conda = {name_of(r) for r in conda_pip_requirements() if not r.startswith("-e")}
     assert conda == wanted
 
@@ -29,3 +30,13 @@ def test_conda_pins_are_the_constraints():
     for pin in pins:
         assert pin in conda_pip_requirements(), f"environment.yml does not pin {pin}"
     assert "-e ." in conda_pip_requirements(), "environment.yml does not install the lessons package"
+
+
+def test_the_dev_container_sets_up_the_course_as_the_readme_says():
+    """.devcontainer/devcontainer.json (JSON with comments): Python 3.11 as environment.yml, make setup on creation,
+    JupyterLab's port forwarded."""
+    text = (ROOT / ".devcontainer" / "devcontainer.json").read_text()
+    config = json.loads("\n".join(line for line in text.splitlines() if not line.lstrip().startswith("//")))
+    assert config["postCreateCommand"] == "make setup"
+    assert "python:3.11" in config["image"] and "python=3.11" in (ROOT / "environment.yml").read_text()
+    assert 8888 in config["forwardPorts"] and config["hostRequirements"]["cpus"] == 2
