@@ -94,8 +94,8 @@ compat: setup
 	$(PY) benchmarks/compat.py
 
 # The course as a static site in site/ (book/build.py): the committed notebooks as they are, never executed, and no
-# network when a page is read. The widgets' JavaScript comes once from npm's registry into .venv/site-js/, checked
-# against npm's hashes. Open site/index.html, or serve it: python -m http.server -d site.
+# network when it is built or read (the widgets' JavaScript is kept in book/vendor/). Open site/index.html, or serve
+# it: python -m http.server -d site.
 site: setup
 	$(PY) book/build.py
 

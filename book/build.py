@@ -4,8 +4,8 @@
 
 Stages the repository's tracked files in build/site-source/ (README.md becomes the front page), adds to each lesson
 how to run it and the scripts it writes, and runs Sphinx with book/conf.py, warnings as errors: a link to a missing
-file or section fails the build. The widgets' JavaScript (require.js and @jupyter-widgets/html-manager, fetched by
-once from the npm registry into .venv/site-js/) is served from the site, so a page asks for nothing outside it.
+file or section fails the build. The widgets' JavaScript (require.js and @jupyter-widgets/html-manager, kept in
+book/vendor/) is served from the site, so a page asks for nothing outside it, and the build needs no network.
 """
 import argparse
 import re
@@ -19,40 +19,9 @@ import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGE = ROOT / "build" / "site-source"
-WIDGET_JS = ROOT / ".venv" / "site-js"  # require.js, embed-amd.js: Makefile's site-js target
+WIDGET_JS = ROOT / "book" / "vendor"  # require.js and embed-amd.js, from npm: book/vendor/README.md
 sys.path.insert(0, str(ROOT))
 from lessons import course  # noqa: E402
-
-
-# The two npm packages the widgets need, pinned with npm's own integrity hashes (require.js: MIT; the widget manager:
-# BSD-3-Clause). Fetched once from the npm registry (make site, make test), the way pip fetches wheels.
-WIDGET_PACKAGES = {
-    "require.js": ("https://registry.npmjs.org/requirejs/-/requirejs-2.3.8.tgz", "package/require.js",
-                   "7/cTSLOdYkNBNJcDMWf+luFvMriVm7eYxp4BcFCsAX0wF421Vyce5SXP17c+Jd5otXKGNehIonFlyQXSowL6Mw=="),
-    "embed-amd.js": ("https://registry.npmjs.org/@jupyter-widgets/html-manager/-/html-manager-1.0.15.tgz",
-                     "package/dist/embed-amd.js",
-                     "5thBIV6ymNgmPVOHvzx+gGy8ZSKmSazhtGw4/c4xJDVzRhG9PTeQsRjF3FUTopvFi//SABeNz1yp47bCrJ3CQA=="),
-}
-
-
-def fetch_widget_js() -> None:
-    """Each file of WIDGET_PACKAGES into .venv/site-js/, unless it is there: the tarball's sha512 must be npm's."""
-    import base64
-    import hashlib
-    import io
-    import tarfile
-    import urllib.request
-
-    WIDGET_JS.mkdir(parents=True, exist_ok=True)
-    for name, (url, member, integrity) in WIDGET_PACKAGES.items():
-        if (WIDGET_JS / name).is_file():
-            continue
-        with urllib.request.urlopen(url, timeout=60) as response:
-            tarball = response.read()
-        if base64.b64encode(hashlib.sha512(tarball).digest()).decode() != integrity:
-            raise SystemExit(f"site: {url} does not have the sha512 npm publishes for it: not used")
-        with tarfile.open(fileobj=io.BytesIO(tarball)) as archive:
-            (WIDGET_JS / name).write_bytes(archive.extractfile(member).read())
 
 
 def tracked_files() -> list[str]:
@@ -143,23 +112,13 @@ def stage() -> None:
     static = STAGE / "_static"
     static.mkdir(exist_ok=True)
     for name in ("require.js", "embed-amd.js"):
-        if not (WIDGET_JS / name).is_file():
-            raise SystemExit(f"site: {WIDGET_JS / name} is missing: make site fetches it (npm pack)")
         shutil.copy2(WIDGET_JS / name, static / name)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "site")
-    parser.add_argument("--fetch-js", action="store_true", help="only fetch the widgets' JavaScript (make setup)")
     options = parser.parse_args()
-    try:
-        fetch_widget_js()
-    except OSError as error:  # no network on a first build: one line, nothing half-written
-        raise SystemExit(f"site: could not fetch the widgets' JavaScript ({error}); on a machine with the network,"
-                         " make site fetches it once into .venv/site-js/")
-    if options.fetch_js:
-        return 0
     started = time.monotonic()
     stage()
     shutil.rmtree(options.out, ignore_errors=True)
