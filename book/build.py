@@ -121,12 +121,16 @@ def main() -> int:
     options = parser.parse_args()
     started = time.monotonic()
     stage()
-    shutil.rmtree(options.out, ignore_errors=True)
+    # Sphinx writes into build/ (myst-nb puts its jupyter_execute/ beside the output folder), then it moves to --out.
+    built = ROOT / "build" / "site-out" / "site"
+    shutil.rmtree(built.parent, ignore_errors=True)
     done = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-q", "-j", "auto",
                            "-c", str(ROOT / "book"), "-d", str(ROOT / "build" / "site-doctrees"), str(STAGE),
-                           str(options.out)])
+                           str(built)])
     if done.returncode:
         return done.returncode
+    shutil.rmtree(options.out, ignore_errors=True)
+    shutil.move(built, options.out)
     print(f"site: {options.out}/index.html ({time.monotonic() - started:.0f} s)")
     return 0
 
