@@ -66,17 +66,13 @@ def main():
     args = parser.parse_args()
 
     # Under torchrun RANK is set: one process per device. With plain python: one process, no group (lesson 04).
-    distributed = "RANK" in os.environ
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here:  # a GPU for each rank on this machine
-        device = torch.device("cuda", local_rank)
+    distributed, local_rank = "RANK" in os.environ, int(os.environ.get("LOCAL_RANK", 0))
+    gpus, ranks_here = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    device = torch.device("cuda", local_rank) if gpus >= ranks_here else torch.device("cpu")  # a GPU for each rank
+    if device.type == "cuda":
         torch.cuda.set_device(device)  # before anything touches CUDA, or every rank lands on GPU 0 (lesson 04)
-    else:  # no GPU, or fewer than ranks (NCCL refuses two ranks on one GPU): gloo on the CPU, and say so
-        device = torch.device("cpu")
-        if torch.cuda.is_available():
-            print(f"{torch.cuda.device_count()} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU",
-                  file=sys.stderr)
+    elif gpus:  # fewer GPUs than ranks here (NCCL refuses two ranks on one GPU): gloo on the CPU, and say so
+        print(f"{gpus} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU", file=sys.stderr)
     if distributed:  # device_id: nccl connects now; timeout: a rank that never comes fails, not hangs (lesson 11)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(
             seconds=args.timeout), device_id=device if device.type == "cuda" else None)

@@ -213,7 +213,7 @@ def test_every_script_that_may_use_a_gpu_chooses_it_by_the_one_rule():
             assert "torch.cuda.set_device(" not in code and 'accelerator="gpu" if torch.cuda.is_available()' not in text and \
                 "Accelerator(cpu=not torch.cuda.is_available())" not in text, script.name
     template = (SCRIPTS / "template.py").read_text()
-    assert "torch.cuda.device_count() >= ranks_here" in template
+    assert "gpus, ranks_here = torch.cuda.device_count()" in template and "if gpus >= ranks_here" in template
     launched = {script for script, _, _ in gpu_check.SCRIPT_RUNS}
     assert launched == {"digits_accelerate.py", "digits_lightning.py", "device_mesh_tour.py", "hsdp.py",
                         "tensor_parallel.py", "layouts.py"}
