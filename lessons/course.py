@@ -117,6 +117,11 @@ LESSONS = [
            'costs); HSDP checked against DDP, with bytes per rank; a tensor-parallel MLP checked against one '
            'process, and a plan that is silently wrong; DDP, FSDP2, HSDP, TP and FSDP x TP side by side: bytes '
            "per rank and one step's collectives (full track only)"),
+    Lesson('15b_pipeline_parallelism',
+           'the model cut between layers: naive model parallelism, then micro-batches with GPipe and 1F1B, by '
+           'hand with send/recv and with `torch.distributed.pipelining`, each checked against one process; '
+           'the bubble measured against (N-1)/(M+N-1), the activations each stage holds, what crosses between '
+           'ranks (full track only)'),
     Lesson('99_appendix_under_the_hood',
            'why the course writes scripts (pickling by reference, fork and the OpenMP pool); one all-reduce on 3'
            " ranks; `@record` and torchrun's error files; the teardown bug, its fix and the probe that checks it"),

@@ -326,3 +326,26 @@ def plot_flight_recorder(records: dict[int, list[tuple[str, str]]], spans: list[
     ax.set_title(f"Flight Recorder: the first {same} collectives match on every rank; from #{same + 1} on, they part",
                  fontsize=10)
     return finished(fig)
+
+
+def plot_pipeline_timeline(*results: dict):
+    """One panel per run of pipeline_parallel.py: a row per stage (rank), each forward (F) and backward (B) of a
+    micro-batch at the unit it can start when each takes one unit ("logical_timeline"); the gaps are the bubble."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(9, 0.4 + 0.55 * sum(r["world_size"] for r in results)),
+                             squeeze=False)
+    for ax, result in zip(axes[:, 0], results):
+        for stage, ops in enumerate(result["logical_timeline"]):
+            for op, start in ops:
+                ax.barh(stage, 0.95, left=start, height=0.7, color="tab:green" if op[0] == "F" else "tab:orange")
+                ax.text(start + 0.475, stage, op, ha="center", va="center", fontsize=7, color="white")
+        ax.set_yticks(range(result["world_size"]), [f"rank {r}" for r in range(result["world_size"])])
+        ax.invert_yaxis()
+        ax.set_xlim(-0.2, result["total_units"] + 0.2)
+        ax.set_xticks(range(result["total_units"] + 1))
+        ax.set_title(f"{result['schedule']}, {result['world_size']} stages, {result['microbatches']} micro-batch"
+                     f"{'es' if result['microbatches'] > 1 else ''}: bubble {result['bubble_fraction']:.0%}, at most "
+                     f"{max(result['peak_activations_per_stage'])} micro-batches' activations held", fontsize=9)
+    axes[-1, 0].set_xlabel("time, in units of one forward (F) or one backward (B) of a micro-batch on one stage")
+    return finished(fig)

@@ -50,6 +50,7 @@ STARTER_HINTS = {
     "no_sync": "3 all-reduces per step (3 ranks, k = 3): the forward and backward of the first k-1 micro-batches",
     "find_the_hang": "it hangs: no result within 4 s, while checking rank_conditional.py at 3 ranks",
     "tensor_parallel": "plan() raised on rank 0 with 2 ranks: NotImplementedError",
+    "pipeline_schedule": "one_f_one_b() raised NotImplementedError: return the list of ('F', m) and ('B', m)",
 }
 
 
@@ -89,6 +90,14 @@ MISTAKE_HINTS = [
     ("find_the_hang", "find_the_hang_early_stop_any_rank.py", "early_stop.py finished, but its RESULT is"),
     ("tensor_parallel", "tensor_parallel_sharded_input.py", "gate's input_layouts say the input is S(0), but every "
      "rank is given the whole input"),  # silent: it runs, and only the comparison with one process fails
+    # read from the orders before any launch (a second each): each names its mistake
+    ("pipeline_schedule", "pipeline_warmup_from_the_wrong_end.py", "the stages deadlock with 2 stages and 4 "
+     "micro-batches: stage 0 waits to run B0 for stage 1's B0; stage 1 waits to run F1 for stage 0's F1"),
+    ("pipeline_schedule", "pipeline_backward_first.py", "stage 1 runs the backward of micro-batch 0 before its "
+     "forward"),
+    ("pipeline_schedule", "pipeline_drain_one_short.py", "stage 0 never runs the backward of micro-batch 3"),
+    ("pipeline_schedule", "pipeline_gpipe_order.py", "stage 0 holds 4 micro-batches' activations at its peak with 2 "
+     "stages and 4 micro-batches; 1F1B holds at most min(microbatches, num_stages - stage) = 2"),
 ]
 
 

@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -82,6 +83,13 @@ EXERCISES = {  # exercises/README.md's table is made from these (python -m lesso
         "15_beyond_ddp_device_mesh", 4, "plan(block) -> {name: ParallelStyle}", ("plan",),
         defines="`plan(block) -> {name: ParallelStyle}` for a gated MLP",
         checked_at="2, 4 ranks: output and gradients equal one process's, one all-reduce per forward"),
+    "pipeline_schedule": Exercise(
+        "15b_pipeline_parallelism", 4, "one_f_one_b(stage, num_stages, microbatches) -> [(kind, m), ...]",
+        ("one_f_one_b",),
+        defines="`one_f_one_b(stage, num_stages, microbatches) -> list`: one stage's 1F1B order of forwards and "
+                "backwards",
+        checked_at="2 and 4 stages: read before a launch (deadlock, order, memory), then run on real ranks against "
+                   "one process"),
 }
 
 
@@ -154,6 +162,10 @@ def _before_launch(name: str, path: Path) -> str | None:
     if missing:
         return (f"{path.name} defines no function {', '.join(missing)}: the exercise asks for "
                 + ", ".join(f"{f}()" for f in missing))
+    if name == "pipeline_schedule":  # the orders alone name most mistakes: read them in a second, not a launch
+        read = subprocess.run([sys.executable, str(CHECKS_DIR / "pipeline_orders.py"), str(path)], capture_output=True,
+                              text=True, timeout=60)
+        return read.stdout.strip() or (read.stderr.strip().splitlines() or [None])[-1]
     return None
 
 

@@ -1,0 +1,96 @@
+"""The orders of a pipeline's stages, read before anything runs: each stage's list of ("F", m) and ("B", m).
+
+A forward of micro-batch m on stage s waits for stage s-1's forward of m (it receives its output); a backward waits
+for stage s+1's backward of m (its gradient); sends never wait (isend). Pure Python, no torch: the exercise check
+names a mistake from the orders alone, in a fraction of a second, before it launches ranks to run a right one.
+"""
+
+
+def order_mistake(orders: list, microbatches: int) -> str | None:
+    """What is wrong with these orders (one per stage, stage 0 first), or None: the list's shape, a micro-batch lost
+    or run twice, a backward before its forward, a deadlock, or more activations held than 1F1B holds."""
+    stages = len(orders)
+    where = f"with {stages} stages and {microbatches} micro-batches"
+    for s, order in enumerate(orders):
+        if not isinstance(order, list) or not all(
+                isinstance(op, tuple) and len(op) == 2 and op[0] in ("F", "B") and isinstance(op[1], int)
+                for op in order):
+            return (f"one_f_one_b({s}, {stages}, {microbatches}) must return a list of ('F', m) and ('B', m) "
+                    f"tuples, not {order!r:.80}")
+        for kind, name in (("F", "forward"), ("B", "backward")):
+            runs = [m for k, m in order if k == kind]
+            lost = sorted(set(range(microbatches)) - set(runs))
+            twice = sorted({m for m in runs if runs.count(m) > 1})
+            stray = sorted(set(runs) - set(range(microbatches)))
+            if lost:
+                return (f"stage {s} never runs the {name} of micro-batch {lost[0]} {where} ({len(lost)} lost): every "
+                        f"micro-batch needs one forward and one backward on every stage, or its gradient is lost")
+            if twice or stray:
+                m = (twice or stray)[0]
+                return (f"stage {s} runs the {name} of micro-batch {m} {'twice' if twice else '(no such micro-batch)'}"
+                        f" {where}: micro-batches are numbered 0 to {microbatches - 1}, each run once")
+        ran = set()
+        for kind, m in order:
+            if kind == "F":
+                ran.add(m)
+            elif m not in ran:
+                return (f"stage {s} runs the backward of micro-batch {m} before its forward {where}: a backward needs "
+                        "the activations its forward kept")
+    done, position = set(), [0] * stages
+    moved = True
+    while moved:
+        moved = False
+        for s in range(stages):
+            while position[s] < len(orders[s]):
+                kind, m = orders[s][position[s]]
+                needs = (s - 1, "F", m) if kind == "F" else (s + 1, "B", m)
+                if 0 <= needs[0] < stages and needs not in done:
+                    break
+                done.add((s, kind, m))
+                position[s], moved = position[s] + 1, True
+    stuck = [s for s in range(stages) if position[s] < len(orders[s])]
+    if stuck:
+        waits = []
+        for s in stuck[:3]:
+            kind, m = orders[s][position[s]]
+            other = s - 1 if kind == "F" else s + 1
+            waits.append(f"stage {s} waits to run {kind}{m} for stage {other}'s {kind}{m}")
+        return (f"the stages deadlock {where}: {'; '.join(waits)}, and each of those waits too. A stage must send "
+                "the next stage every forward it needs before it waits for a gradient: warm up with "
+                "num_stages - 1 - stage forwards")
+    for s, order in enumerate(orders):
+        held, peak = set(), 0
+        for kind, m in order:
+            held.add(m) if kind == "F" else held.discard(m)
+            peak = max(peak, len(held))
+        limit = min(microbatches, stages - s)
+        if peak > limit:
+            return (f"stage {s} holds {peak} micro-batches' activations at its peak {where}; 1F1B holds at most "
+                    f"min(microbatches, num_stages - stage) = {limit}: run each backward as soon as you can (all "
+                    "forwards first is GPipe, whose memory grows with the micro-batches)")
+    return None
+
+
+def check_file(path: str, cases=((2, 4), (4, 4), (4, 8))) -> str | None:
+    """Import the learner's file by path and read the orders of one_f_one_b at each (stages, micro-batches)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learner_pipeline_schedule", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        for stages, microbatches in cases:
+            orders = [module.one_f_one_b(s, stages, microbatches) for s in range(stages)]
+            mistake = order_mistake(orders, microbatches)
+            if mistake:
+                return mistake
+    except Exception as error:  # noqa: BLE001  the learner's code: one line that names it
+        first = (str(error).strip().splitlines() or [""])[0]
+        return f"one_f_one_b() raised {type(error).__name__}: {first}"
+    return None
+
+
+if __name__ == "__main__":  # python pipeline_orders.py LEARNER_FILE: prints the mistake, or nothing
+    import sys
+
+    print(check_file(sys.argv[1]) or "", end="")
