@@ -113,14 +113,6 @@ def test_typical_mistake_gets_its_hint(name, mistake, hint, launch_env, capsys, 
     assert hint in first, out
 
 
-def test_a_right_answer_written_another_way_passes(launch_env, capsys):
-    """resume with lesson 07's atomic save: a file object to a temporary file, renamed onto the path. The check
-    used to refuse it ("no rank wrote the checkpoint to the path it was given")."""
-    result = lessons_check("resume", ROOT / "tests" / "exercise_variants" / "resume_atomic_save.py", launch_env)
-    first, out = verdict(capsys)
-    assert result.passed and first == "PASS resume", out
-
-
 def test_defines_nothing_through_the_command_line():
     """Found before any launch: the name is missing from the file (what it does is only ever run and measured)."""
     done = subprocess.run([sys.executable, "-m", "lessons", "check", "unpadded_eval",

@@ -1,4 +1,6 @@
-"""A solution of exercises/resume.py: rank 0 writes, everyone waits, every rank reads onto its own device."""
+"""A solution of exercises/resume.py: rank 0 writes (a temporary file, renamed onto the path: a reader sees the
+old file or the new one, never half), everyone waits, every rank reads onto its own device."""
+import os
 from pathlib import Path
 
 import torch
@@ -7,8 +9,13 @@ import torch.distributed as dist
 
 def save_checkpoint(path, ddp_model, optimizer, epoch, step):
     if dist.get_rank() == 0:  # every rank holds the same weights: one writer
-        torch.save({"model": ddp_model.module.state_dict(),  # .module: keys without "module."
-                    "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step}, path)
+        temporary = Path(path).with_name(Path(path).name + ".tmp")
+        with open(temporary, "wb") as f:
+            torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                        "epoch": epoch, "step": step}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        temporary.replace(path)
     dist.barrier()  # nobody reads (or exits, or deletes the file) before rank 0 has finished writing
 
 
