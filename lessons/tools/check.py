@@ -41,6 +41,7 @@ class Exercise:
     defines: str = ""  # exercises/README.md's table: what the learner's file defines (markdown)
     checked_at: str = ""  # and the sizes and cases the check runs it at
     timeout: float = HANG_TIMEOUT_S  # seconds after every rank has started: then it is a hang
+    before_launch: str = ""  # a script of exercise_checks/ that reads the learner's file first: its output is the hint
 
 
 EXERCISES = {  # exercises/README.md's table is made from these (python -m lessons.course --write)
@@ -89,7 +90,8 @@ EXERCISES = {  # exercises/README.md's table is made from these (python -m lesso
         defines="`one_f_one_b(stage, num_stages, microbatches) -> list`: one stage's 1F1B order of forwards and "
                 "backwards",
         checked_at="2 and 4 stages: read before a launch (deadlock, order, memory), then run on real ranks against "
-                   "one process"),
+                   "one process",
+        before_launch="pipeline_orders.py"),  # the orders alone name most mistakes: a second, not a launch
 }
 
 
@@ -162,9 +164,9 @@ def _before_launch(name: str, path: Path) -> str | None:
     if missing:
         return (f"{path.name} defines no function {', '.join(missing)}: the exercise asks for "
                 + ", ".join(f"{f}()" for f in missing))
-    if name == "pipeline_schedule":  # the orders alone name most mistakes: read them in a second, not a launch
-        read = subprocess.run([sys.executable, str(CHECKS_DIR / "pipeline_orders.py"), str(path)], capture_output=True,
-                              text=True, timeout=60)
+    if EXERCISES[name].before_launch:  # in a process of its own: the learner's code runs there, not here
+        read = subprocess.run([sys.executable, str(CHECKS_DIR / EXERCISES[name].before_launch), str(path)],
+                              capture_output=True, text=True, timeout=60)
         return read.stdout.strip() or (read.stderr.strip().splitlines() or [None])[-1]
     return None
 

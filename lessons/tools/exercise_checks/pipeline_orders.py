@@ -61,7 +61,10 @@ def order_mistake(orders: list, microbatches: int) -> str | None:
     for s, order in enumerate(orders):
         held, peak = set(), 0
         for kind, m in order:
-            held.add(m) if kind == "F" else held.discard(m)
+            if kind == "F":
+                held.add(m)
+            else:
+                held.discard(m)
             peak = max(peak, len(held))
         limit = min(microbatches, stages - s)
         if peak > limit:
