@@ -164,16 +164,18 @@ def has_module(python: Path, name: str) -> bool:
     return subprocess.run([python, "-c", f"import {name}"], capture_output=True).returncode == 0
 
 
-def examine(script: dict, sources: Path, python: Path, show: bool = False,
-            keep: Path | None = None) -> list[str]:
-    """One row: the findings' codes (notes marked), the exit status, --compare's verdict, the seconds plain and
-    doctored."""
+@contextlib.contextmanager
+def prepared_copy(script: dict, sources: Path, python: Path, keep: Path | None = None):
+    """Yields (folder, script name, None) in a patched copy of the script's folder with its stand-in data, or (None,
+    None, why not) when it can't be run here."""
     repo_dir = sources / script["repo"].replace("/", "+")
     if not (repo_dir / script["path"]).is_file():
-        return [script["name"], "-", "-", f"not in {repo_dir}", "-"]
+        yield None, None, f"not in {repo_dir}"
+        return
     missing = [name for name in script.get("needs", []) if not has_module(python, name)]
     if missing:
-        return [script["name"], "-", "-", f"needs {', '.join(missing)}: see --python", "-"]
+        yield None, None, f"needs {', '.join(missing)}: see --python"
+        return
     keep = Path(keep, script["repo"].replace("/", "+")) if keep else None
     if keep:
         shutil.rmtree(keep, ignore_errors=True)
@@ -184,12 +186,22 @@ def examine(script: dict, sources: Path, python: Path, show: bool = False,
         patched = subprocess.run(["patch", "-p1", "-i", PATCHES / script["patch"]], cwd=work, text=True,
                                  capture_output=True)
         if patched.returncode:
-            return [script["name"], "-", "-", f"the patch did not apply: {patched.stdout.strip()[:80]}", "-"]
+            yield None, None, f"the patch did not apply: {patched.stdout.strip()[:80]}"
+            return
         here = Path(work) / Path(script["path"]).parent
-        name = Path(script["path"]).name
         if "prepare" in script:
             kind, data_folder, *options = script["prepare"]
             PREPARE[kind](here / data_folder, **(options[0] if options else {}))
+        yield here, Path(script["path"]).name, None
+
+
+def examine(script: dict, sources: Path, python: Path, show: bool = False,
+            keep: Path | None = None) -> list[str]:
+    """One row: the findings' codes (notes marked), the exit status, --compare's verdict, the seconds plain and
+    doctored."""
+    with prepared_copy(script, sources, python, keep) as (here, name, why):
+        if why:
+            return [script["name"], "-", "-", why, "-"]
 
         def fresh():  # a script that resumes from what it wrote ("fresh": its output folders) starts from nothing
             for path in script.get("fresh", []):

@@ -9,8 +9,9 @@ loads it into each rank before the script. Each rank writes what it did to a fil
 the launch the doctor compares the ranks and prints one line per finding, most serious first, each starting with a
 stable code and the file:line where it shows.
 Exit status (``report.status``, and the command's): 0 nothing found, 1 something found, 2 the script did not run to
-the end (it crashed, hung, or can't be run; the findings that explain it are still listed). With --compare the
-status is the comparison's: 0 the same model, 1 not, 2 no comparison was possible.
+the end (it crashed, hung, or can't be run; the findings that explain it are still listed). Notes (severity 4) leave
+it 0. With --compare, a finding still makes it 1; without one it is the comparison's: 0 the same model, 1 not, 2 no
+comparison was possible.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ CODES = {
     "map-location-maps-nothing": Code(3, "a map_location that maps no device the file holds"),
     "weights-only-off": Code(3, "torch.load(weights_only=False) runs code from the file"),
     "no-destroy": Code(3, "the process group is never destroyed"),
-    "padded-evaluation": Code(4, "an evaluation over a padding DistributedSampler counts some samples twice"),
+    "padded-evaluation": Code(4, "an evaluation over padded shards counts some samples twice"),
+    "unreduced-evaluation": Code(4, "an evaluation over shards that no collective combines: each rank's own share"),
     "map-location-on-gpus": Code(4, "a load without map_location: right on the CPU, one GPU for all on GPUs"),
     "device-from-global-rank": Code(4, "the GPU is chosen by the global rank: right on one node only"),
 }
@@ -62,7 +64,8 @@ PARAMS_ATOL = 1e-6  # float32 all-reduced gradients give the ranks the same bits
 COMPARE_RTOL = 1e-4  # N ranks against one process: other summation orders, amplified over the steps (lesson 04)
 LOW_PRECISION = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # a unit roundoff: autocast's steps round to it
 SAME_SAMPLES = 0.5  # ranks sharing more than half their samples in a pass: no sharding, not a padded shard
-USAGE = "python -m lessons doctor SCRIPT -n N [--timeout S] [--compare] [--nodes K] [-- ARGS]"
+USAGE = ("python -m lessons doctor SCRIPT -n N [--timeout S] [--compare [--one-process-env NAME=VALUE]"
+         " [--one-process-cwd DIR]] [--nodes K] [-- ARGS]")
 
 
 @dataclass
@@ -87,10 +90,13 @@ class DoctorReport:
 
     @property
     def status(self) -> int:
-        """0: nothing found; 1: something found; 2: the script did not run to the end."""
-        if self.compare_status is not None:
-            return self.compare_status
-        return 2 if self.error else 1 if self.findings else 0
+        """2: the script did not run to the end; 1: a finding (severity 1 to 3), or --compare's runs differ; 0: none
+        of these and, under --compare, the same model; 2 too when --compare could not compare."""
+        if self.error:
+            return 2
+        if self.findings:
+            return 1
+        return self.compare_status or 0
 
     @property
     def codes(self) -> list[str]:
@@ -115,16 +121,23 @@ class Record:
 
 def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), timeout: float | None = 300,
            show: bool = False, env: dict[str, str] | None = None, compare: bool = False,
-           nodes: int = 1) -> DoctorReport:
+           nodes: int = 1, one_process_env: dict[str, str] | None = None,
+           one_process_cwd: str | os.PathLike | None = None) -> DoctorReport:
     """Launch SCRIPT under torchrun with NPROC ranks (on each of NODES nodes), instrumented, and return the
     findings (print it to read it). compare=True also runs it as one process with the ranks' batch and compares
-    the trained parameters."""
+    the trained parameters; one_process_env and one_process_cwd give that run its own environment variables and
+    working folder (a trainer that always resumes from a folder it is given)."""
     if not Path(script).is_file():
         return DoctorReport(error=f"no such script: {script}")
     if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 4:
         return DoctorReport(error=f"nodes must be 1 to 4 (torchrun agents on this machine), got {nodes!r}")
     if compare and nodes > 1:
         return DoctorReport(error="--compare runs one node against one process: leave out --nodes")
+    if (one_process_env or one_process_cwd) and not compare:
+        return DoctorReport(error="--one-process-env and --one-process-cwd set up --compare's one process: add"
+                                  " --compare")
+    if one_process_cwd is not None and not Path(one_process_cwd).is_dir():
+        return DoctorReport(error=f"--one-process-cwd: no such folder: {one_process_cwd}")
     if not SITE_FILE.is_file():  # an install without the instruments would see nothing, and say so
         return DoctorReport(error=f"the doctor's instruments are missing from this install ({SITE_FILE}):"
                                   " reinstall the package (pip install --force-reinstall ddp-lessons)")
@@ -133,16 +146,20 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
                           if compare else {})
     report.record = record
     if record is not None:
-        found = examine_record(record, nproc * nodes, crashed=report.error is not None)
+        failed = getattr(report, "failed_rank", None)
+        found = examine_record(record, nproc * nodes, crashed=report.error is not None,
+                               failed=set() if failed is None else {failed})
         found += _device_from_global_rank(script) if nproc * nodes > 1 else []
         report.findings = [f for f in found if CODES[f.code].severity < NOTE]
         report.notes = [f for f in found if CODES[f.code].severity == NOTE]
     if compare:
-        report.compare, report.compare_status = _compare(script, nproc, args, timeout, env, report, record, started)
+        alone = {"env": {**(env or {}), **(one_process_env or {})}, "cwd": one_process_cwd}
+        report.compare, report.compare_status = _compare(script, nproc, args, timeout, alone, report, record,
+                                                         started)
     return report
 
 
-def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[DoctorReport, Record | None]:
+def _run(script, nproc, args, timeout, show, env, nodes, extra_env, cwd=None) -> tuple[DoctorReport, Record | None]:
     """One instrumented launch; the report's error, and what the ranks recorded."""
     from .nodes import torchrun_nodes  # lessons.tools.nodes imports lessons.tools.launch: imported when needed
 
@@ -158,15 +175,20 @@ def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[Doc
                                           timeout=timeout, show=show, env=launch_env)
                 report.launch = launched.nodes[0]
             else:
-                report.launch = torchrun(script, nproc=nproc, args=[str(a) for a in args], timeout=timeout,
-                                         show=show, env=launch_env, live=False)
+                report.launch = torchrun(Path(script).resolve() if cwd else script, nproc=nproc,
+                                         args=[str(a) for a in args], timeout=timeout, show=show, env=launch_env,
+                                         live=False, cwd=cwd)
         except LaunchError as error:
             report.launch = error.result
             report.error = _why_it_stopped(error)
+            report.failed_rank = error.rank
         except (ValueError, TypeError, FileNotFoundError) as error:  # bad arguments (nproc, timeout): one line
             return DoctorReport(error=str(error)), None
         record = read_record(Path(out_dir), nproc * nodes)
     unseen = [rank for rank, events in record.events.items() if not any(e["event"] == "start" for e in events)]
+    refused = _torchrun_refused(report.launch)
+    if refused:  # torchrun's own argument error: no rank started
+        return DoctorReport(launch=report.launch, error=refused), None
     if unseen:  # never "no findings" about a rank it did not see
         return DoctorReport(launch=report.launch, error=report.error or (
             f"the doctor did not see rank {unseen[0]}: its instruments did not load there ({SITE_FILE.name} from"
@@ -178,6 +200,19 @@ def _run(script, nproc, args, timeout, show, env, nodes, extra_env) -> tuple[Doc
     if spawned:
         report.error = _spawn_error(f"{spawned[0]['site']}: {spawned[0]['call']}")
     return report, record
+
+
+def _torchrun_refused(launch: LaunchResult | None) -> str | None:
+    """torchrun's own argparse error ("torchrun: error: ambiguous option: --log could match ..."), with what to do:
+    a script's flag that is a prefix of torchrun's options is taken as torchrun's."""
+    text = getattr(launch, "launcher_log", "") or ""
+    line = next((l for l in text.splitlines() if re.match(r"\S+: error: ", l)), None)
+    if line is None:
+        return None
+    hint = (": the script's flag is taken for torchrun's own (torchrun reads every option before the script's"
+            " name that is a prefix of one of its own, and refuses an ambiguous one); spell the flag out in full,"
+            " or give it as --flag=value") if "ambiguous option" in line else ""
+    return f"torchrun refused its arguments: {line.split(': error: ', 1)[1]}{hint}"
 
 
 def _spawn_error(where: str) -> str:
@@ -284,7 +319,9 @@ def by_site(passes: list[Pass]) -> dict[tuple[str, int], Pass]:
     return keyed
 
 
-def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Finding]:
+def examine_record(record: Record, nproc: int, crashed: bool = False, failed: set[int] = frozenset()) -> list[Finding]:
+    """The findings in what NPROC ranks recorded; crashed: the launch failed (FAILED: the ranks whose own error it
+    was, when known)."""
     events = record.events
     samplers = {rank: {e["sampler"]: e for e in evs if e["event"] == "sampler"} for rank, evs in events.items()}
     passes = {rank: passes_of(evs) for rank, evs in events.items()}
@@ -300,14 +337,14 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
     found = []
     found += _separate_models(record)
     found += _collectives_differ(events, crashed)
-    found += _unequal_batches(trained)
-    found += _same_samples(trained, samplers, nproc)
+    found += _unequal_batches(trained, passes, events, failed)
+    found += _same_samples(trained, samplers, nproc, events)
     found += _datasets_differ(events)
     found += _sampler_epochs(passes, samplers)
     found += _same_random_state(events, nproc)
     found += _rank_from_local_rank(events)
     found += _saves_and_loads(events, nproc)
-    found += _padded_evaluation(passes, samplers, nproc)
+    found += _evaluations(passes, samplers, nproc, events)
     if not crashed:
         exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
         undestroyed = [rank for rank, e in exits.items() if e and e["initialized"]]
@@ -322,25 +359,79 @@ def examine_record(record: Record, nproc: int, crashed: bool = False) -> list[Fi
     return sorted(found, key=lambda f: (CODES[f.code].severity, order.index(f.code)))
 
 
-def _padded_evaluation(passes, samplers, nproc) -> list[Finding]:
-    """A pass with no optimizer step (an evaluation) over a DistributedSampler that pads: len(data) is not a
-    multiple of the ranks, and drop_last=False repeats the first indices to even the shards."""
+def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
+    """Passes with no optimizer step (evaluations), matched between ranks by their loader's site and their order
+    there, judged by what the ranks drew: shares (each rank its part of the data set), padding (a sample in two
+    ranks' shares, or twice in one), and whether the script then combined the shares with a collective before its
+    next step. Without the indices, a DistributedSampler that pads (len(data) not a multiple of the ranks)."""
     if nproc < 2:
         return []
+    found = []
+    evaluations = {}  # (site, k) -> {rank: pass}
     for rank, ps in sorted(passes.items()):
+        seen = {}
         for p in ps:
-            sampler = samplers[rank].get(p.loader["sampler"])
-            if p.trained or not p.batches or sampler is None or sampler["drop_last"]:
+            if p.trained or not p.batches:
                 continue
-            length, replicas = sampler["length"], sampler["num_replicas"]
-            padded = -length % replicas
-            if padded:
-                return [Finding("padded-evaluation", (
-                    f"an evaluation pass (no optimizer step) over a DistributedSampler of {length} samples on"
-                    f" {replicas} ranks: it pads the shards to {(length + padded) // replicas} each by repeating"
-                    f" {padded} sample(s), so a metric summed over the ranks counts them twice. Exact: evaluate"
-                    " on one rank, or count only each sample's first appearance (lesson 05)"), p.loader["site"])]
-    return []
+            k = seen[p.loader["site"]] = seen.get(p.loader["site"], 0) + 1
+            evaluations.setdefault((p.loader["site"], k), {})[rank] = p
+    for (site, k), by_rank in evaluations.items():
+        first_rank = min(by_rank)
+        drawn = {rank: p.indices for rank, p in by_rank.items() if p.indices is not None and p.ended}
+        sets = {rank: set(d) for rank, d in drawn.items()}
+        if len(drawn) == len(passes) and len({frozenset(x) for x in sets.values()}) > 1 \
+                and len({p.loader["dataset"] for p in by_rank.values()}) == 1:  # shares of one data set
+            combined = _collective_after(events[first_rank], by_rank[first_rank])
+            if not combined and not any(f.code == "unreduced-evaluation" for f in found):
+                mine = len(drawn[first_rank])
+                found.append(Finding("unreduced-evaluation", (
+                    f"an evaluation pass (no optimizer step) in which each rank drew its own share ({mine} samples on"
+                    f" rank {first_rank}, {len(set().union(*sets.values()))} on the {len(drawn)} ranks together),"
+                    " and no collective of the script combined the ranks' results before the next step: what rank 0"
+                    " reports is its own share's metric. Sum the counts and totals over the ranks (dist.all_reduce),"
+                    " or evaluate the whole set on one rank (lesson 05)"), site))
+                continue
+            every = [i for d in drawn.values() for i in d]
+            repeated = len(every) - len(set(every))
+            if combined and repeated and not any(f.code == "padded-evaluation" for f in found):
+                length = by_rank[first_rank].loader["length"]
+                of = f" of {length}" if length else ""
+                found.append(Finding("padded-evaluation", (
+                    f"an evaluation pass (no optimizer step) whose shares hold {repeated} sample(s) twice: the"
+                    f" {len(drawn)} ranks drew {len(every)} indices{of}, {len(set(every))} of them different (shards"
+                    " padded to one length), so a metric summed over the ranks counts those twice. Exact: evaluate"
+                    " on one rank, or count only each sample's first appearance (lesson 05)"), site))
+            continue
+        if drawn:
+            continue  # every rank the same samples (each evaluates all), or one rank alone: nothing padded
+        p = by_rank[first_rank]
+        sampler = samplers[first_rank].get(p.loader["sampler"])
+        if sampler is None or sampler["drop_last"] or any(f.code == "padded-evaluation" for f in found):
+            continue
+        length, replicas = sampler["length"], sampler["num_replicas"]
+        padded = -length % replicas
+        if padded:
+            found.append(Finding("padded-evaluation", (
+                f"an evaluation pass (no optimizer step) over a DistributedSampler of {length} samples on"
+                f" {replicas} ranks: it pads the shards to {(length + padded) // replicas} each by repeating"
+                f" {padded} sample(s), so a metric summed over the ranks counts them twice. Exact: evaluate"
+                " on one rank, or count only each sample's first appearance (lesson 05)"), site))
+    return found
+
+
+def _collective_after(events, p) -> bool:
+    """Did the script make a collective after pass P's last batch, before the next optimizer step (or the end)?"""
+    last = max((i for i, e in enumerate(events) if e["event"] in ("batch", "pass_end")
+                and e.get("loader") == p.loader["loader"] and e.get("number") == p.number), default=None)
+    if last is None:
+        return False
+    steps = events[last].get("steps", 0)
+    for e in events[last + 1:]:
+        if e["event"] == "collective":
+            return True
+        if e.get("steps", steps) > steps:
+            return False
+    return False
 
 
 def _device_from_global_rank(script) -> list[Finding]:
@@ -417,9 +508,9 @@ def _first(events, kind):
 
 
 def _separate_models(record: Record) -> list[Finding]:
-    """The ranks' parameters at exit: each optimizer's, and each DDP module's, compared with rank 0's."""
-    import torch
-
+    """The ranks' parameters at exit, each optimizer's and each DDP module's, compared with rank 0's. Only a model's
+    parameters are compared: the instruments name what each parameter is (doctor_site: "opt" a model's parameter;
+    "flat" and "own", an FSDP shard or a tensor of the rank's own, are left out, as DTensors are)."""
     params = record.params
     if len(params) < 2:
         return []
@@ -427,18 +518,14 @@ def _separate_models(record: Record) -> list[Finding]:
     groups = {}  # "opt0" / "ddp0" -> {rank: {name: tensor}}
     for rank, tensors in params.items():
         for name, value in tensors.items():
-            if not name.startswith(("start.", "first.", "startsum.")):
-                groups.setdefault(name.split(".", 1)[0], {}).setdefault(rank, {})[name] = value
-    for group in list(groups):  # each rank's own by design (ZeRO's and FSDP's shards): they differed from the start
-        sums = [tensors.get(f"startsum.{group}") for tensors in params.values()]
-        if all(t is not None for t in sums) and any(t.shape != sums[0].shape or not torch.allclose(
-                t, sums[0], rtol=1e-6, atol=1e-9) for t in sums):
-            del groups[group]
+            group = name.split(".", 1)[0]
+            if group.startswith(("opt", "ddp")):
+                groups.setdefault(group, {}).setdefault(rank, {})[name] = value
     worst = (0.0, None, None)
     for group, ranks in sorted(groups.items(), key=lambda item: not item[0].startswith("ddp")):
         shapes = {rank: {n: tuple(t.shape) for n, t in tensors.items()} for rank, tensors in ranks.items()}
         if len(ranks) < len(params) or any(s != shapes[reference_rank] for s in shapes.values()):
-            continue  # sharded (ZeRO, pipeline stages): each rank holds its own part
+            continue  # other models on other ranks (pipeline stages): each rank holds its own part
         for rank, tensors in ranks.items():
             for name, value in tensors.items():
                 diff = (value - ranks[reference_rank][name]).abs().max().item() if value.numel() else 0.0
@@ -448,24 +535,69 @@ def _separate_models(record: Record) -> list[Finding]:
     wrapped = _first(record.events, "wrapper")
     optimizer = _first(record.events, "optimizer")
     if diff <= PARAMS_ATOL:
-        if wrapped is None and _first(record.events, "init") is not None and _trained_alone(record.events):
+        if wrapped is None and _first(record.events, "init") is not None and groups:
+            copied = _copied_after_training(record.events)
+            if _parted_at_first_step(params):
+                how = ("after their first step the ranks' weights already differed (each rank stepped on its own"
+                       f" gradients); they agree at exit only because {copied or 'they were made equal afterwards'}")
+            elif _trained_alone(record.events):
+                how = ("the ranks make no collective while they train; their weights agree at exit only because "
+                       + (copied or "every rank started from the same weights and trained on the same batches:"
+                                    " N copies of one run"))
+            else:
+                return []
             return [Finding("separate-models", (
-                "every rank trains its own model: no DistributedDataParallel (or FSDP) wraps it, and the ranks make"
-                " no collective while they train; their weights agree at exit only because one rank's were"
-                " copied to all afterwards. Wrap the model, model = DDP(model), before making the optimizer"
-                " (lesson 04)"), optimizer["site"] if optimizer else None)]
+                f"every rank trains its own model: no DistributedDataParallel (or FSDP) wraps it, and {how}. Wrap"
+                " the model, model = DDP(model), before making the optimizer (lesson 04)"),
+                optimizer["site"] if optimizer else None)]
         return []
     if wrapped is None and _first(record.events, "init") is not None:
         return [Finding("separate-models", (
             f"every rank trains its own model: no DistributedDataParallel (or FSDP) wraps it, and at exit the"
-            f" parameters differ between ranks by up to {diff:.3g} (rank {rank} vs rank {reference_rank}). The"
-            " ranks share nothing but the process group: wrap the model, model = DDP(model), before making the"
+            f" parameters differ between ranks by up to {diff:.3g} (rank {rank} vs rank {reference_rank})"
+            f"{_what_they_shared(record.events)}: wrap the model, model = DDP(model), before making the"
             " optimizer (lesson 04)"), optimizer["site"] if optimizer else None)]
     return [Finding("params-diverged", (
         f"at exit the parameters differ between ranks: largest difference {diff:.3g} (rank {rank} vs rank"
         f" {reference_rank}, {_param_name(name)}); something changed the weights outside DDP's backward and the"
         " optimizer's step on some ranks only, or the ranks started from other weights (lesson 03)"),
         wrapped["site"] if wrapped else None)]
+
+
+def _parted_at_first_step(params) -> bool:
+    """The model's parameters after each rank's first optimizer step (two sums a tensor): not the same on every
+    rank. Replicas kept in step (DDP, gradients averaged by hand) agree there, to float32's last bits."""
+    import torch
+
+    for group in {n.split(".", 1)[1] for tensors in params.values() for n in tensors if n.startswith("firstsum.")}:
+        sums = [tensors.get(f"firstsum.{group}") for tensors in params.values()]
+        if all(t is not None for t in sums) and any(t.shape != sums[0].shape or not torch.allclose(
+                t, sums[0], rtol=1e-6, atol=1e-9) for t in sums):
+            return True
+    return False
+
+
+def _what_they_shared(events) -> str:
+    """What the ranks exchanged while training, in a separate-models finding's words."""
+    during = [e for e in events[min(events)] if e["event"] == "collective" and e.get("steps", 0) > 0]
+    if not during:
+        return ". The ranks share nothing but the process group"
+    ops = sorted({e["op"] for e in during})
+    return (f". The ranks' {len(during)} collective(s) while training ({', '.join(ops)}, first at {during[0]['site']})"
+            " did not keep their weights equal: each rank's optimizer steps on its own gradients")
+
+
+def _copied_after_training(events) -> str | None:
+    """A load or a broadcast after the last optimizer step: one rank's weights copied to all."""
+    mine = events[min(events)]
+    final = next((e["steps"] for e in mine if e["event"] == "exit"), 0)
+    done = next((i for i, e in enumerate(mine) if e.get("steps") == final), len(mine))
+    for e in mine[done:]:
+        if e["event"] == "load" and e.get("site"):
+            return f"rank 0's were loaded by every rank at {e['site']}"
+        if e["event"] == "collective" and e["op"] == "broadcast":
+            return f"one rank's were broadcast to all at {e['site']}"
+    return None
 
 
 def _trained_alone(events) -> bool:
@@ -521,8 +653,22 @@ def _shape_text(shape) -> str:
     return f"{len(shape)} tensors"
 
 
-def _unequal_batches(trained: dict[int, dict]) -> list[Finding]:
+def _unequal_batches(trained: dict[int, dict], passes, events, failed=frozenset()) -> list[Finding]:
     keys = sorted({k for ps in trained.values() for k in ps}, key=lambda k: (k[0], k[1]))
+    exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
+    # A rank that left the training loop and reached its exit while the rank that failed went on to another pass
+    # over the training loader: a decision to stop taken on one rank.
+    for site in sorted({k[0] for k in keys}):
+        count = {rank: sum(p.loader["site"] == site for p in ps) for rank, ps in passes.items()}
+        for gone in sorted(failed):
+            for rank in sorted(count):
+                if rank not in failed and exits.get(rank) and count[rank] < count.get(gone, 0):
+                    return [Finding("unequal-batches", (
+                        f"rank {rank} left the training loop after {count[rank]} pass(es) over the loader made here"
+                        f" ({exits[rank]['steps']} steps) and went on to its exit, while rank {gone} began pass"
+                        f" {count[rank] + 1} and failed there: its next collective waited for rank {rank}, which had"
+                        " gone. A decision to stop (early stopping, a time limit, a NaN) taken on one rank must"
+                        " reach every rank: all-reduce it, then stop together (lesson 13b)"), site)]
     for key in keys:
         have = {rank: ps[key] for rank, ps in trained.items() if key in ps and not ps[key].joined}
         done = {rank: p.batches for rank, p in have.items() if p.ended}
@@ -558,10 +704,13 @@ def _seeded_per_rank(samplers) -> list[Finding]:
     return []
 
 
-def _same_samples(trained, samplers, nproc) -> list[Finding]:
+def _same_samples(trained, samplers, nproc, events) -> list[Finding]:
     seeded = _seeded_per_rank(samplers)
     if seeded or len(trained) < 2:
         return seeded
+    exits = [next((e for e in evs if e["event"] == "exit"), None) for evs in events.values()]
+    own_random = all(e and e.get("rng_per_step") for e in exits) and \
+        len({e.get("rng_first_step") for e in exits}) == len(exits)  # each rank draws its own random numbers
     reference_rank = min(trained)
     for key, p in trained[reference_rank].items():
         if p.indices is None:
@@ -578,10 +727,25 @@ def _same_samples(trained, samplers, nproc) -> list[Finding]:
             sampler = samplers[reference_rank].get(p.loader["sampler"])
             how = f"ranks {reference_rank} and {rank} drew {shared:.0%} of their samples in common in training" \
                   f" pass {key[1]}"
-            if sampler is None:
-                why = (f"the loader made here has no DistributedSampler ({p.loader['sampler_type']}): every rank"
-                       " trains on the whole data set, so an epoch is N passes over it, at N times the steps. Give"
-                       " it sampler=DistributedSampler(dataset) and drop shuffle=True (lesson 05)")
+            length, drawn = p.loader["length"], len(p.indices)
+            share = -(-length // nproc) if length else None
+            whole = p.ended and length and drawn >= 0.9 * length
+            if sampler is None and p.ended and share and drawn <= share + (p.loader["batch_size"] or 0) \
+                    and own_random:
+                # Each rank draws its share, so the steps are a sharded epoch's, and the ranks draw their own random
+                # numbers: repeated augmentation (DeiT's RASampler), each sample augmented otherwise on each rank.
+                continue
+            if sampler is None and whole:
+                why = (f"the loader made here has no DistributedSampler ({p.loader['sampler_type']}): each rank drew"
+                       f" {drawn} of the data set's {length} samples in the pass, so an epoch is {nproc} passes over"
+                       f" the data: {nproc} times the steps of a sharded epoch ({-(-drawn // max(p.batches, 1))} a"
+                       " batch). Give it sampler=DistributedSampler(dataset) and drop shuffle=True (lesson 05)")
+            elif sampler is None:
+                why = (f"its sampler ({p.loader['sampler_type']}) draws the same samples on every rank"
+                       f"{'' if own_random else ' with the same random numbers'}: {drawn} samples drawn per rank"
+                       f"{f' of {length}' if length else ''}, so the global batch holds copies of a sample and an"
+                       " epoch covers less of the data than its steps suggest. Give every rank its own share: a"
+                       " DistributedSampler, or the sampler's own num_replicas and rank (lesson 05)")
             elif sampler["num_replicas"] != nproc:
                 why = (f"its DistributedSampler (made at {sampler['site']}) was given num_replicas="
                        f"{sampler['num_replicas']} in a world of {nproc}: leave num_replicas and rank out, and the"
@@ -736,12 +900,14 @@ def _saves_and_loads(events, nproc) -> list[Finding]:
 
 # --- --compare: N ranks against one process with their batch ---------------------------------------------------
 
-def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Record | None,
+def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Record | None,
              started: float = float("inf")) -> tuple[list[str], int]:
+    """--compare: run SCRIPT as one process (ALONE: its "env" and "cwd") with the ranks' global batch, and compare
+    the trained parameters with the ranks'. (lines, status): 0 the same model, 1 not, 2 no comparison."""
     import torch
 
-    def cannot(why):
-        return [f"compare: no comparison: {why}"], 2
+    def cannot(why, lines=()):
+        return [*lines, f"compare: no comparison: {why}"], 2
 
     if record is None or many.error:
         return cannot(f"the run on {nproc} ranks did not finish")
@@ -759,47 +925,101 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     if loader["sampler_type"] == "_InfiniteConstantSampler":
         return cannot(f"the loader made at {site} reads an iterable data set: each rank's stream is its own, and the"
                       " doctor can't give one process the union of the ranks' samples")
-    if per_rank is None:
-        return cannot(f"the loader made at {site} takes its batches from a batch_sampler"
-                      f" ({loader['batch_sampler']}, as Accelerate's prepared loaders do): the doctor can't give one"
-                      " process the ranks' global batch")
-    whole = per_rank * nproc
-    single, single_record = _run(script, 1, args, timeout, False, env, 1, {
-        "LESSONS_DOCTOR_COMPARE": "1", "LESSONS_DOCTOR_BATCH": json.dumps({"site": site, "batch": whole})})
+    one_env, one_args, flag = {"LESSONS_DOCTOR_COMPARE": "1"}, [str(a) for a in args], None
+    if per_rank is None:  # a batch_sampler (Accelerate's loaders): the one process gets the ranks' batches, unioned
+        passes = _ranks_batches(record, site)
+        if passes is None:
+            return cannot(f"the loader made at {site} takes its batches from a batch_sampler"
+                          f" ({loader['batch_sampler']}) and its indices were not recorded: the doctor can't give"
+                          " one process the ranks' global batch")
+        one_env["LESSONS_DOCTOR_BATCHES"] = json.dumps({"site": site, "passes": passes})
+        per_rank = max(len(b) for b in passes[0]) // nproc
+        whole = per_rank * nproc
+        flag = _batch_flag(record, per_rank) if nproc > 1 else None
+        if flag:  # the script's own per-rank flag too, at N times its value: a loss normalized by it stays right
+            one_args += [flag, str(whole)]
+        batch_line = (f"compare: batch: each rank's loader (made at {site}) takes its batches from a batch_sampler"
+                      f" ({loader['batch_sampler']}), {per_rank} a step; one process was given the union of the"
+                      f" {nproc} ranks' batches, step by step ({whole} a step)"
+                      + (f", and {flag} {whole} (the script's {flag} holds the per-rank {per_rank})" if flag else ""))
+    else:
+        whole = per_rank * nproc
+        one_env["LESSONS_DOCTOR_BATCH"] = json.dumps({"site": site, "batch": whole})
+        if loader["asked_batch_size"] == per_rank and nproc > 1:
+            flag = _batch_flag(record, per_rank)
+            if flag:  # the script's own flag at N times its value: the loss sees the batch it trains on
+                one_args += [flag, str(whole)]
+        batch_line = None
+    single, single_record = _run(script, 1, one_args, timeout, False, alone.get("env"), 1, one_env,
+                                 cwd=alone.get("cwd"))
     resumed = _read_what_the_ranks_wrote(record, single_record, started) if single_record is not None else None
     if resumed:  # first: a resume from the ranks' checkpoint is often why the one process failed, too
         return cannot(resumed)
     if single_record is None or single.error:
         return cannot(f"the run as one process did not finish: {single.error}")
-    asked = next((e["asked_batch_size"] for e in single_record.events[0] if e["event"] == "loader"
-                  and e["site"] == site), None)
-    flag = ("the script asked for it itself: its batch flag is global" if asked == whole else
-            f"the script asked for {asked} (its batch flag is per rank): the doctor gave it {whole}")
-    lines = [f"compare: batch: each rank's loader (made at {site}) drew {per_rank} a step, {whole} on {nproc}"
-             f" ranks; one process drew {whole}: {flag}"]
-    ranks_params, one_params = record.params.get(reference_rank, {}), single_record.params.get(0, {})
-    names = sorted(n for n in ranks_params if n.startswith("opt"))
-    if not names or names != sorted(n for n in one_params if n.startswith("opt")):
+    if batch_line is None:
+        asked = next((e["asked_batch_size"] for e in single_record.events[0] if e["event"] == "loader"
+                      and e["site"] == site), None)
+        if asked == whole and flag:
+            how = f"its {flag} is per rank ({per_rank}): the doctor gave one process {flag} {whole}"
+        elif asked == whole:
+            how = "the script asked for it itself: its batch flag is global"
+        elif flag:
+            how = (f"its {flag} is per rank ({per_rank}); given {flag} {whole}, one process's loader still asked for"
+                   f" {asked}, so the doctor resized the loader to {whole}")
+        else:
+            how = (f"the script asked for {asked} (its batch is per rank), and none of its options holds {asked}:"
+                   f" the doctor resized the loader to {whole} (a loss divided by a per-rank number of the script's"
+                   " would now be off by N)")
+        batch_line = (f"compare: batch: each rank's loader (made at {site}) drew {per_rank} a step, {whole} on"
+                      f" {nproc} ranks; one process drew {whole}: {how}")
+    lines = [batch_line]
+    ranks_params = _assembled(record)
+    one_params = single_record.params.get(0, {})
+    names = sorted(n for n in ranks_params if n.startswith(("opt", "flat.")))
+    if not names or names != sorted(n for n in one_params if n.startswith(("opt", "flat."))):
         return cannot("the optimizers' parameters of the two runs don't match up (another model or optimizer on"
-                      " one process?)")
-    steps = [next((e["steps"] for e in r.events[min(r.events)] if e["event"] == "exit"), None)
-             for r in (record, single_record)]
+                      " one process, or parameters sharded in a way the doctor can't put together: DTensors)", lines)
+    for n in names:
+        if n.startswith("flat."):  # the one process's flat parameter is unpadded: the ranks' shards end in padding
+            ranks_params[n] = ranks_params[n][:one_params[n].numel()]
+    unlike = [n for n in names if ranks_params[n].shape != one_params[n].shape]
+    if unlike:
+        return cannot(f"a parameter has another shape on the ranks ({tuple(ranks_params[unlike[0]].shape)}) than in"
+                      f" one process ({tuple(one_params[unlike[0]].shape)}): sharded in a way the doctor can't put"
+                      " together", lines)
+    exits = [next((e for e in r.events[min(r.events)] if e["event"] == "exit"), {}) for r in (record, single_record)]
+    steps = [e.get("steps") for e in exits]
+    diverged = [who for who, params in ((f"the {nproc} ranks", ranks_params), ("one process", one_params))
+                if not all(torch.isfinite(params[n]).all() for n in names)]
+    if diverged:
+        return lines + [f"compare: {nproc} ranks and one process differ: the weights of {' and '.join(diverged)} are"
+                        " not finite (the training diverged)"], 1
     scale = max(max(one_params[n].abs().max().item() for n in names if one_params[n].numel()), 1.0)
     lowered = sorted({(e["dtype"], e["site"]) for r in (record, single_record) for evs in r.events.values()
                       for e in evs if e["event"] == "autocast" and e["dtype"] in LOW_PRECISION})
-    # Under autocast the steps round to bfloat16's or float16's precision: another summation order on N ranks moves
-    # the weights by about that much, not by float32's.
-    tolerance = max([COMPARE_RTOL] + [LOW_PRECISION[dtype] for dtype, _ in lowered]) * scale
+    travelled = max(float(e.get("travelled") or 0.0) for e in exits)
+    tolerance = COMPARE_RTOL * scale
+    if lowered:
+        # Under autocast each step's update is off by about the precision's roundoff, another summation order on N
+        # ranks or not: the runs part by up to the roundoff times the distance the weights travelled (the sum of
+        # each step's largest change, measured), on top of the roundoff of the weights themselves.
+        unit = max(LOW_PRECISION[dtype] for dtype, _ in lowered)
+        tolerance = max(tolerance, unit * (scale + travelled))
     diff = max((ranks_params[n] - one_params[n]).abs().max().item() for n in names if one_params[n].numel())
     moved = [(one_params[n] - one_params[f"start.{n}"]).abs().max().item() for n in names
              if one_params[n].numel() and f"start.{n}" in one_params]
     if moved and max(moved) <= tolerance:
         return cannot(f"training moved the parameters by at most {max(moved):.2g}, within the tolerance"
                       f" ({tolerance:.0e}): any two runs would agree to it. Compare more steps, or a larger"
-                      " learning rate")
+                      " learning rate", lines)
     drawn, samples_match = _samples_per_step(record, single_record, site, per_rank, nproc)
+    if samples_match is False:
+        return cannot(f"{drawn}: the two runs trained on other samples, so their weights say nothing about DDP."
+                      " Give the one process the ranks' sampler (a DistributedSampler works with one process too)",
+                      lines)
     lines.append(f"compare: samples: {drawn}")
-    same = diff <= tolerance and steps[0] == steps[1] and samples_match is not False
+    same = diff <= tolerance and steps[0] == steps[1]
     verdict = "train the same model" if same else "differ"
     lines.append(f"compare: {nproc} ranks and one process {verdict}: largest parameter difference {diff:.2g}"
                  f" (tolerance {tolerance:.0e}), after {steps[0]} steps on {nproc} ranks and {steps[1]} in one"
@@ -807,8 +1027,9 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     if lowered:
         dtype, where = lowered[0]
         lines.append(f"compare: note: the steps ran under autocast to {dtype} (at {where}): the tolerance is that"
-                     f" precision's, {LOW_PRECISION[dtype]:.0e} of the weights' scale, not float32's"
-                     f" {COMPARE_RTOL:.0e}")
+                     f" precision's roundoff, {LOW_PRECISION[dtype]:.0e}, times the weights' scale ({scale:.2g}) and"
+                     f" the distance they travelled ({travelled:.2g}: the sum of each step's largest change), not"
+                     f" float32's {COMPARE_RTOL:.0e} of the scale")
     if not same:
         lines += _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch)
         norm = next((e for evs in record.events.values() for e in evs if e["event"] == "wrapper"
@@ -825,17 +1046,69 @@ def _compare(script, nproc, args, timeout, env, many: DoctorReport, record: Reco
     return lines, 0 if same else 1
 
 
+def _batch_flag(record: Record, per_rank: int) -> str | None:
+    """The script's option that holds the per-rank batch size (its value equals it; a name with "batch" first)."""
+    options = [o for e in record.events[min(record.events)] if e["event"] == "arguments" for o in e["options"]]
+    holding = sorted({flag for flag, value in options if value == per_rank})
+    named = [flag for flag in holding if "batch" in flag.lower()]
+    chosen = named if named else holding
+    return chosen[0] if len(chosen) == 1 else None
+
+
+def _ranks_batches(record: Record, site: str) -> list | None:
+    """Each training pass of the loader made at SITE, as the list of its steps' global batches: at each step, the
+    union of the ranks' batches (in rank order). None when a rank's indices or batch sizes were not recorded."""
+    per_rank = {}
+    for rank, events in sorted(record.events.items()):
+        passes = [p for p in passes_of(events) if p.trained and p.loader["site"] == site]
+        ends = {(e["loader"], e["number"]): e for e in events if e["event"] == "pass_end"}
+        cut = []
+        for p in passes:
+            end = ends.get((p.loader["loader"], p.number))
+            if p.indices is None or end is None or not end.get("batch_sizes"):
+                return None
+            batches, at = [], 0
+            for size in end["batch_sizes"]:
+                batches.append(p.indices[at:at + size])
+                at += size
+            cut.append(batches)
+        per_rank[rank] = cut
+    passes = []
+    for number in range(min(len(cut) for cut in per_rank.values())):
+        steps = min(len(cut[number]) for cut in per_rank.values())
+        passes.append([[i for rank in sorted(per_rank) for i in per_rank[rank][number][step]]
+                       for step in range(steps)])
+    return passes or None
+
+
+def _assembled(record: Record) -> dict:
+    """The reference rank's parameters, each FSDP flat parameter put together from the ranks' shards (rank order)."""
+    import torch
+
+    reference = dict(record.params.get(min(record.events), {}))
+    for name in [n for n in reference if n.startswith("flat.")]:
+        reference[name] = torch.cat([record.params[rank][name] for rank in sorted(record.params)
+                                     if name in record.params[rank]])
+    return reference
+
+
 def _read_what_the_ranks_wrote(record: Record, single_record: Record, started: float) -> str | None:
     """Why the comparison means nothing when the one process, before its first batch, loaded a file the ranks' run
-    wrote (saved there, or moved there by os.replace after a save): it resumed from their result (a --checkpoint
-    that is also a --resume)."""
+    wrote (saved there, or moved there by os.replace after a save), and that it had not written itself earlier in
+    its own run: it resumed from their result (a --checkpoint that is also a --resume)."""
+    written = set()
     for e in single_record.events[0]:
         if e["event"] == "batch":
             return None
-        if e["event"] == "load" and os.path.isfile(e["path"]) and os.path.getmtime(e["path"]) >= started:
+        if e["event"] == "save":
+            written.add(os.path.abspath(e["path"]))
+        if e["event"] == "load" and os.path.isfile(e["path"]) and os.path.getmtime(e["path"]) >= started \
+                and os.path.abspath(e["path"]) not in written:
             return (f"the run as one process read {e['path']} at {e['site']}, which the ranks' run had just written:"
-                    " it resumed from their result instead of training from the start. Give --compare a run that"
-                    " starts from nothing (another checkpoint path, or none)")
+                    " it resumed from their result instead of training from the start. The one process runs with"
+                    " the ranks' arguments, environment and folder: give it its own with --one-process-env"
+                    " NAME=VALUE (a folder named by the environment) or --one-process-cwd DIR (a relative path), or"
+                    " give the script a path that starts from nothing")
     return None
 
 
@@ -874,6 +1147,16 @@ def _samples_per_step(record: Record, single_record: Record, site: str, per_rank
 
 def _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch) -> list[str]:
     reasons = []
+    rates = [next((e.get("first_lrs") for e in r.events[min(r.events)] if e["event"] == "exit"), None)
+             for r in (record, single_record)]
+    if rates[0] and rates[1] and len(rates[0]) == len(rates[1]) and any(
+            a and b and any(abs(x - y) > 1e-12 * max(abs(x), abs(y), 1e-30) for x, y in zip(a, b))
+            for a, b in zip(*rates)):
+        shown = [", ".join(f"{x:g}" for x in (lrs or [])) for lrs in (rates[0][0], rates[1][0])]
+        reasons.append(f"compare: why: the learning rates differ: {shown[0]} on the {nproc} ranks, {shown[1]} in one"
+                       " process (at the first step): the script sets the learning rate from the world size (a"
+                       " learning rate scaled with the global batch, lessons 04 and 13b), so the two runs train"
+                       " with other steps by design; to compare, give both the same learning rate")
     if steps[0] != steps[1]:
         reasons.append(f"compare: why: {steps[0]} optimizer steps on the ranks, {steps[1]} in one process: the"
                        " ranks don't split the data, or the step count depends on the world size")
@@ -908,9 +1191,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m lessons doctor", usage=USAGE,
         description="Run SCRIPT under torchrun with the DDP doctor's instruments, and report the classic DDP"
-                    " mistakes it made, each with its file:line. Exit status: 0 nothing found, 1 something found,"
-                    " 2 the script did not run to the end; with --compare, 0 the same model, 1 not, 2 no"
-                    " comparison.",
+                    " mistakes it made, each with its file:line. Exit status: 0 nothing found (notes aside), 1"
+                    " something found, 2 the script did not run to the end; with --compare and no finding, 0 the"
+                    " same model, 1 not, 2 no comparison.",
         epilog="The script's own arguments go after --, e.g. python -m lessons doctor train.py -n 2 -- --epochs 2")
     parser.add_argument("script", help="the training script, as you would give it to torchrun")
     parser.add_argument("-n", "--nproc", type=int, default=2, help="ranks (per node), default 2")
@@ -918,14 +1201,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--compare", action="store_true",
                         help="also run it as one process with the ranks' batch, and compare the trained parameters")
     parser.add_argument("--nodes", type=int, default=1, help="torchrun agents on this machine, as K nodes would")
+    parser.add_argument("--one-process-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="--compare: an environment variable for the one process only (a trainer that resumes"
+                             " from a folder named in the environment); repeat it for several")
+    parser.add_argument("--one-process-cwd", metavar="DIR",
+                        help="--compare: the one process's working folder (relative paths of its own)")
     options, unknown = parser.parse_known_args(own)
     if unknown:
         print(f"doctor: {' '.join(unknown)} is not the doctor's: the script's own arguments go after --, as in"
               f" python -m lessons doctor {options.script} -n {options.nproc} -- {' '.join(unknown)}",
               file=sys.stderr)
         return 2
+    malformed = [item for item in options.one_process_env if "=" not in item or item.startswith("=")]
+    if malformed:
+        print(f"doctor: --one-process-env {malformed[0]}: give NAME=VALUE", file=sys.stderr)
+        return 2
     report = doctor(options.script, nproc=options.nproc, args=script_args, timeout=options.timeout or None,
-                    compare=options.compare, nodes=options.nodes)
+                    compare=options.compare, nodes=options.nodes,
+                    one_process_env=dict(item.split("=", 1) for item in options.one_process_env),
+                    one_process_cwd=options.one_process_cwd)
     print(report)
     return report.status
 

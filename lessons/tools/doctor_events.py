@@ -6,7 +6,7 @@ Each event is {"event": NAME, **fields}; FIELDS[NAME] gives every field and the 
 "site" is the script's file:line that caused the event (the first frame outside torch and the instruments);
 "steps" counts the optimizer steps taken so far on this rank.
 """
-INT, STR, BOOL, NONE, LIST, DICT = int, str, bool, type(None), list, dict
+INT, FLOAT, STR, BOOL, NONE, LIST, DICT = int, float, str, bool, type(None), list, dict
 
 FIELDS = {
     # the instruments loaded in this rank: without it, the doctor did not see the rank
@@ -22,9 +22,9 @@ FIELDS = {
              "epoch": (INT, NONE), "joined": (BOOL,)},
     "batch": {"loader": (INT,), "number": (INT,), "n": (INT,), "steps": (INT,)},
     # "complete": False when the pass was left before StopIteration (a loop that counts its batches, a break): it
-    # ended when the loader's next pass began, or at exit
+    # ended when the loader's next pass began, or at exit; "batch_sizes": the indices each batch took, in order
     "pass_end": {"loader": (INT,), "number": (INT,), "batches": (INT,), "steps": (INT,), "indices": (LIST, NONE),
-                 "complete": (BOOL,)},
+                 "batch_sizes": (LIST, NONE), "complete": (BOOL,)},
     # models and optimizers
     "optimizer": {"optimizer": (INT,), "site": (STR,), "kind": (STR,)},
     "rng_per_step": {"site": (STR,), "steps": (INT,)},
@@ -39,14 +39,19 @@ FIELDS = {
              "world_size": (INT,)},
     "collective": {"op": (STR,), "site": (STR,), "shape": (LIST, NONE), "steps": (INT,)},
     "spawn": {"site": (STR,), "call": (STR,)},
+    # --compare only: the script's integer options as parsed, [["--batch-size", 8], ...] (a per-rank batch flag)
+    "arguments": {"site": (STR,), "options": (LIST,)},
     # checkpoints
     "save": {"path": (STR,), "site": (STR,), "devices": (LIST,)},
     "load": {"path": (STR,), "site": (STR,), "map_location": (STR, DICT, NONE), "weights_only": (BOOL, NONE),
              "saved_from": (LIST, NONE)},
     # the end: whether the group was left, and what was counted
     # "rng_first_step": a digest of the random state (CPU, and CUDA where it runs) after the first optimizer step
+    # "first_lrs": each optimizer's learning rates (one a param group) at its first step, None if it never stepped
+    # "travelled": under --compare, the sum over the steps of the largest change of a parameter in each step
     "exit": {"initialized": (BOOL,), "steps": (INT,), "optimizers": (INT,), "ddp_modules": (INT,),
-             "rng_per_step": (BOOL,), "rng_first_step": (STR, NONE)},
+             "rng_per_step": (BOOL,), "rng_first_step": (STR, NONE), "first_lrs": (LIST,),
+             "travelled": (FLOAT, INT)},
 }
 
 

@@ -49,6 +49,7 @@ def torchrun(
     launcher: str = "torchrun",
     live: bool | None = None,
     timeout_from: str | dict[int, str] | None = None,
+    cwd: str | os.PathLike | None = None,
 ) -> LaunchResult:
     """Run ``torchrun --standalone --nproc-per-node=NPROC SCRIPT ARGS`` and collect each rank.
 
@@ -60,6 +61,7 @@ def torchrun(
     (until then the launch gets START_LIMIT_S seconds). For a hang on purpose: the time to start doesn't count.
     ``{rank: text}`` gives each rank its own line: the clock then starts at the event that makes the hang (one
     rank leaving a loop, say), however long the others took to get there.
+    ``cwd``: the ranks' working folder (by default this process's).
     """
     script, nproc, args, timeout = _check_arguments(script, nproc, args, timeout, threads_per_rank, max_restarts,
                                                     timeout_from)
@@ -93,7 +95,7 @@ def torchrun(
         # A terminal has seen the lines as they came; a notebook gets them again, rank by rank.
         print_at_end = show and not (live_output and not live_output.jupyter)
         with open(launcher_log_path, "wb") as launcher_log:
-            proc = processes.start(command, worker_env, launcher_log)
+            proc = processes.start(command, worker_env, launcher_log, cwd=cwd)
             if max_restarts > 0:
                 pids = processes.WorkerPids(proc.pid)
             try:

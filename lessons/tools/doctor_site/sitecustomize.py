@@ -52,7 +52,7 @@ class _Recorder:
         self.optimizers = []  # held: a model local to main() is gone by exit
         self.first_params, self.after_first = {}, {}  # --compare: each optimizer's parameters before and after step 1
         self.wrapped = []  # the modules DDP wraps
-        self.start_sums = {}  # each optimizer's parameters at its first step, as (sum, sum of |x|) per tensor
+        self.sharded_modules = []  # the modules FullyShardedDataParallel wraps: their parameters are shards
         self.joined = 0  # inside how many Join contexts (DDP's join(), Join([...])): uneven batches are handled
         self.at_exit = []  # what each installer adds to the exit
         self.open_passes = {}  # each loader's pass in progress (by the loader's id)
@@ -87,6 +87,9 @@ class _Recorder:
         """True when the caller of our wrapper is torch itself (SyncBatchNorm, DDP's join, DCP...)."""
         frame = sys._getframe(2)
         return frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(self.torch_dir)
+
+    def sharded_ids(self):
+        return {id(p) for module in self.sharded_modules for p in module.parameters()}
 
     def new_id(self):
         self.objects += 1
@@ -143,11 +146,17 @@ def _install_data(rec):
         for name, value in sorted(getattr(dataset, "__dict__", {}).items()):
             if isinstance(value, plain):
                 h.update(f"{name}={value!r}".encode())
+            elif isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray":
+                # held in memory (a rank's shard loaded at start): its values are read here, no file is opened
+                h.update(name.encode())
+                digest_value(value, h)
             elif isinstance(value, (list, tuple)):
                 h.update(f"{name}:{len(value)}".encode())
                 for item in value[:1000]:
                     if isinstance(item, plain) or isinstance(item, tuple) and all(isinstance(i, plain) for i in item):
                         h.update(repr(item).encode())
+                    elif isinstance(item, torch.Tensor):
+                        digest_tensor(item, h)
 
     def digest_value(value, h, depth=0):
         if isinstance(value, torch.Tensor):
@@ -206,6 +215,24 @@ def _install_data(rec):
     _replace(DistributedSampler, "__init__", sampler_init)
 
     override = json.loads(os.environ.get("LESSONS_DOCTOR_BATCH", "null"))  # --compare: {"site": s, "batch": b}
+    # --compare, a loader that takes a batch_sampler: the ranks' batches, step by step, as one process's
+    union = json.loads(os.environ.get("LESSONS_DOCTOR_BATCHES", "null"))  # {"site": s, "passes": [[[i...]...]...]}
+
+    class RanksBatches:
+        """The one process's batch_sampler: each pass, the union of the ranks' batches of that pass."""
+
+        def __init__(self, passes, replaced):
+            self.passes, self.number, self.replaced = passes, 0, replaced
+
+        def __iter__(self):
+            self.number += 1
+            return iter(self.passes[min(self.number, len(self.passes)) - 1])
+
+        def __len__(self):
+            return len(self.passes[min(max(self.number, 1), len(self.passes)) - 1])
+
+        def __getattr__(self, name):  # set_epoch, sampler, batch_size...: the replaced one's
+            return getattr(self.__dict__["replaced"], name)
 
     def loader_init(original):
         def __init__(self, dataset, *args, **kwargs):
@@ -214,6 +241,11 @@ def _install_data(rec):
             # A loader given a batch_sampler has no batch size to change (Lightning rebuilds its predict loader at
             # the same line as the training loader): changing it would raise in the DataLoader.
             by_batch_sampler = kwargs.get("batch_sampler") is not None or len(args) > 3 and args[3] is not None
+            if union and where == union["site"] and by_batch_sampler:
+                if kwargs.get("batch_sampler") is not None:
+                    kwargs["batch_sampler"] = RanksBatches(union["passes"], kwargs["batch_sampler"])
+                else:
+                    args = (*args[:3], RanksBatches(union["passes"], args[3]), *args[4:])
             if override and where == override["site"] and asked is not None and asked != override["batch"] \
                     and not by_batch_sampler:
                 if args:
@@ -249,7 +281,7 @@ def _install_data(rec):
         loader._doctor_passes += 1
         sampler = loader.sampler if isinstance(loader.sampler, DistributedSampler) else None
         iterator._doctor = {"loader": loader_id, "pass": loader._doctor_passes, "batches": 0, "indices": [],
-                            "record": loader._doctor_passes <= RECORDED_PASSES}
+                            "sizes": [], "record": loader._doctor_passes <= RECORDED_PASSES}
         rec.open_passes[loader_id] = iterator._doctor
         rec.new_pass = True
         rec.event("pass", loader=loader_id, number=loader._doctor_passes, site=rec.site(), steps=rec.steps,
@@ -280,16 +312,19 @@ def _install_data(rec):
             doctor = getattr(self, "_doctor", None)
             if doctor is not None and doctor["record"] and len(doctor["indices"]) < INDICES_PER_PASS:
                 try:  # a map-style data set's indices; an iterable one's are None, a custom sampler's anything
-                    doctor["indices"].extend(int(i) for i in (index if isinstance(index, (list, tuple)) else [index]))
+                    batch = index if isinstance(index, (list, tuple)) else [index]
+                    doctor["indices"].extend(int(i) for i in batch)
+                    doctor["sizes"].append(len(batch))
                 except (TypeError, ValueError):
-                    doctor["record"], doctor["indices"] = False, []
+                    doctor["record"], doctor["indices"], doctor["sizes"] = False, [], []
             return index
         return _next_index
 
     def pass_end(doctor, complete=True):
         indices = doctor["indices"] if doctor["record"] else None
         rec.event("pass_end", loader=doctor["loader"], number=doctor["pass"], batches=doctor["batches"],
-                  steps=rec.steps, indices=indices, complete=complete)
+                  steps=rec.steps, indices=indices, batch_sizes=doctor["sizes"] if doctor["record"] else None,
+                  complete=complete)
 
     def passes_left_open(params):
         """At exit: the passes never run to their end (or to a next pass), with the samples they drew."""
@@ -347,21 +382,48 @@ def _install_optimizers(rec):
     def parameters(optimizer):
         return [p.detach().float().cpu().clone() for g in optimizer.param_groups for p in g["params"]]
 
+    import weakref
+    in_a_module = {}  # id -> a weak reference, of every parameter a module registered: a model's, not a tensor of
+    # its own (a WeakSet would compare tensors with ==, element by element)
+
+    def registered(module, name, param):
+        if param is not None:
+            in_a_module[id(param)] = weakref.ref(param)
+
+    def is_registered(p):
+        ref = in_a_module.get(id(p))
+        return ref is not None and ref() is p
+
+    torch.nn.modules.module.register_module_parameter_registration_hook(registered)
+    rec.first_lrs = {}  # each optimizer's learning rates at its first step (after a scheduler's first change)
+    rec.first_sums = {}  # each optimizer's parameters after its first step, as (sum, sum of |x|) a tensor
+    rec.travelled = 0.0  # --compare: the sum over the steps of each step's largest change of a parameter
+    before = {}
+
     def before_step(optimizer, args, kwargs):
-        if optimizer in rec.optimizers and id(optimizer) not in rec.start_sums:
-            # Two numbers a tensor, cheap on any device: parameters that differ between ranks already at the first
-            # step are each rank's own by design (ZeRO's and FSDP's shards), not replicas that drifted apart.
-            with torch.no_grad():
-                rec.start_sums[id(optimizer)] = torch.tensor(
-                    [[p.detach().double().sum().item(), p.detach().double().abs().sum().item()]
-                     for g in optimizer.param_groups for p in g["params"]], dtype=torch.float64)
         if comparing and optimizer in rec.optimizers and not rec.first_params.get(id(optimizer)):
             rec.first_params[id(optimizer)] = parameters(optimizer)
+        if optimizer in rec.optimizers and id(optimizer) not in rec.first_lrs:
+            rec.first_lrs[id(optimizer)] = [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+        if comparing and optimizer in rec.optimizers:
+            before[id(optimizer)] = [p.detach().clone() for g in optimizer.param_groups for p in g["params"]]
 
     def after_step(optimizer, args, kwargs):
         rec.steps += 1
         if comparing and optimizer in rec.optimizers and id(optimizer) not in rec.after_first:
             rec.after_first[id(optimizer)] = parameters(optimizer)
+        if optimizer in rec.optimizers and id(optimizer) not in rec.first_sums:
+            # Two numbers a tensor, once: replicas agree after their first step; separate models part there.
+            with torch.no_grad():
+                rec.first_sums[id(optimizer)] = [
+                    [p.detach().double().sum().item(), p.detach().double().abs().sum().item()]
+                    for g in optimizer.param_groups for p in g["params"]]
+        if comparing and id(optimizer) in before:
+            now = [p.detach() for g in optimizer.param_groups for p in g["params"]]
+            with torch.no_grad():
+                rec.travelled += max([(a.float() - b.float()).abs().max().item() for a, b in
+                                      zip(now, before.pop(id(optimizer))) if a.numel() and a.shape == b.shape]
+                                     or [0.0])
         rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes())
         if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout on a GPU draws from its generator
             rng.update(torch.cuda.get_rng_state().numpy().tobytes())
@@ -376,19 +438,36 @@ def _install_optimizers(rec):
     optimizer_module.register_optimizer_step_pre_hook(before_step)
     optimizer_module.register_optimizer_step_post_hook(after_step)
 
+    def what_it_is(p):
+        """A parameter by what it is: "opt" a model's parameter, the same on every rank where the model is
+        replicated; "flat" a FullyShardedDataParallel flat parameter's shard (each rank its part of one flat
+        vector, in rank order); "own" each rank's own by design: a DTensor's local shard, a parameter of a module
+        FSDP shards, a tensor that is no module's parameter (ZeRO's partition written by hand)."""
+        if type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor":
+            return None  # its local shard is the rank's own, and nothing to compare
+        if getattr(p, "_is_flat_param", False):
+            return "flat"
+        if id(p) in rec.sharded_ids() or not is_registered(p):
+            return "own"
+        return "opt"
+
     def parameters_at_exit(params):
         for i, optimizer in enumerate(rec.optimizers):
             tensors = [p for g in optimizer.param_groups for p in g["params"]]
-            if any(type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor" for p in tensors):
+            kinds = [what_it_is(p) for p in tensors]
+            if None in kinds:
                 continue  # shards: each rank holds its own part, nothing to compare
-            for j, p in enumerate(tensors):
-                params[f"opt{i}.{j}"] = p.detach().float().cpu()
+            for j, (p, kind) in enumerate(zip(tensors, kinds)):
+                params[f"opt{i}.{j}" if kind == "opt" else f"{kind}.opt{i}.{j}"] = p.detach().float().cpu()
             for j, p in enumerate(rec.first_params.get(id(optimizer), [])):
-                params[f"start.opt{i}.{j}"] = p
+                if kinds[j] == "opt":
+                    params[f"start.opt{i}.{j}"] = p
             for j, p in enumerate(rec.after_first.get(id(optimizer), [])):
-                params[f"first.opt{i}.{j}"] = p
-            if id(optimizer) in rec.start_sums:
-                params[f"startsum.opt{i}"] = rec.start_sums[id(optimizer)]
+                if kinds[j] == "opt":
+                    params[f"first.opt{i}.{j}"] = p
+            sums = [row for row, kind in zip(rec.first_sums.get(id(optimizer), []), kinds) if kind == "opt"]
+            if sums:
+                params[f"firstsum.opt{i}"] = torch.tensor(sums, dtype=torch.float64)
 
     rec.at_exit.append(parameters_at_exit)
 
@@ -466,7 +545,10 @@ def _install_wrappers(rec):
         def fsdp_init(original):
             def __init__(self, *args, **kwargs):
                 original(self, *args, **kwargs)
-                rec.event("wrapper", kind="FullyShardedDataParallel", site=rec.site(), dropout=None)
+                rec.sharded_modules.append(self)
+                if not rec.called_from_torch():  # an auto-wrapped inner unit: torch's own call
+                    rec.event("wrapper", kind="FullyShardedDataParallel", site=rec.site(),
+                              dropout=random_layer(self), batch_norm=None)
             return __init__
 
         _replace(FullyShardedDataParallel, "__init__", fsdp_init)
@@ -475,8 +557,10 @@ def _install_wrappers(rec):
 
     def fully_shard_call(original):
         def fully_shard(*args, **kwargs):
+            module = args[0] if args else kwargs.get("module")
             if not rec.called_from_torch():
-                rec.event("wrapper", kind="fully_shard", site=rec.site(), dropout=None)
+                rec.event("wrapper", kind="fully_shard", site=rec.site(), batch_norm=None,
+                          dropout=random_layer(module) if isinstance(module, torch.nn.Module) else None)
             return original(*args, **kwargs)
         return fully_shard  # wrapped: keeps the original's attributes (fully_shard.state, which pipelining calls)
 
@@ -619,6 +703,8 @@ def _install_files(rec):
 
     def load_call(original):
         def load(f, map_location=None, *args, weights_only=None, **kwargs):
+            if rec.called_from_torch():  # torch's own (all_gather_object unpickles the ranks' objects so)
+                return original(f, map_location, *args, weights_only=weights_only, **kwargs)
             where = os.fspath(f) if isinstance(f, (str, os.PathLike)) else "<a file object>"
             rec.event("load", path=where, site=rec.site(), map_location=map_location_text(map_location),
                       weights_only=weights_only,
@@ -629,6 +715,33 @@ def _install_files(rec):
 
     _replace(torch, "save", save_call)
     _replace(torch, "load", load_call)
+
+
+# --- arguments: --compare gives one process N times a per-rank batch flag --------------------------------------------
+
+def _install_arguments(rec):
+    """Under --compare: the script's integer options, as parsed (a per-rank batch flag's name and value)."""
+    import argparse
+
+    if not os.environ.get("LESSONS_DOCTOR_COMPARE"):
+        return
+
+    def parse_call(original):
+        def parse_known_args(self, *args, **kwargs):
+            parsed = original(self, *args, **kwargs)
+            namespace = parsed[0] if isinstance(parsed, tuple) else parsed
+            options = []
+            for action in self._actions:
+                value = getattr(namespace, action.dest, None)
+                flags = [f for f in action.option_strings if f.startswith("--")]
+                if flags and isinstance(value, int) and not isinstance(value, bool):
+                    options.append([max(flags, key=len), value])
+            if options:
+                rec.event("arguments", site=rec.site(), options=options)
+            return parsed
+        return parse_known_args
+
+    _replace(argparse.ArgumentParser, "parse_known_args", parse_call)
 
 
 # --- the end: the parameters to compare, and whether the group was left --------------------------------------------
@@ -645,12 +758,18 @@ def _install_exit(rec):
     def at_exit():
         params = {}
         for add in rec.at_exit:
-            add(params)
+            try:
+                add(params)
+            except Exception as error:  # noqa: BLE001  said, never silent: the doctor then can't vouch for the run
+                with open(os.path.join(rec.out_dir, f"rank{rec.rank}.error"), "a") as f:
+                    f.write(f"at exit, {add.__name__}: {type(error).__name__}: {error}\n")
         if params:
             original_save(params, os.path.join(rec.out_dir, f"rank{rec.rank}.params.pt"))
         rec.event("exit", initialized=dist.is_available() and dist.is_initialized(), steps=rec.steps,
                   optimizers=len(rec.optimizers), ddp_modules=len(rec.wrapped), rng_per_step=rec.rng_per_step,
-                  rng_first_step=rec.rng_first_step)
+                  rng_first_step=rec.rng_first_step,
+                  first_lrs=[getattr(rec, "first_lrs", {}).get(id(o)) for o in rec.optimizers],
+                  travelled=getattr(rec, "travelled", 0.0))
         rec.log.close()
         gc.collect()  # DDP's reference cycle, and the process group it holds, go while Python is still whole
 
@@ -667,7 +786,7 @@ def _install(out_dir, rank):
     rec = _Recorder(out_dir, rank)
     rec.event("start", rank=rank, pid=os.getpid(), torch=torch.__version__)
     for install in (_install_data, _install_optimizers, _install_wrappers, _install_process_group, _install_files,
-                    _install_exit):
+                    _install_arguments, _install_exit):
         install(rec)
 
 

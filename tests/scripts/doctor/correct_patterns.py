@@ -2,7 +2,8 @@
 
 - ZeroRedundancyOptimizer beside DDP (its inner optimizer holds each rank's own shard);
 - data pre-sharded per rank, as files per rank would be, read by DataLoader workers: of one length, and of unequal
-  lengths under Join([model, optimizer]) (the fix for uneven inputs);
+  lengths under Join([model, optimizer]) (the fix for uneven inputs); and a rank's shard held in memory, read by a
+  worker (the same indices on every rank, of other tensors);
 - two tasks' loaders made by one helper, each sampler with its set_epoch;
 - an all_to_all_single with uneven splits (mixture-of-experts routing): the ranks' tensors differ in shape;
 - a file per rank, each saved by its rank and read back there;
@@ -37,6 +38,21 @@ class RankShard(Dataset):
         return torch.randn(4, generator=generator), torch.randn(1, generator=generator)
 
 
+class InMemoryShard(Dataset):
+    """This rank's rows of a data set, loaded into memory at start (a shard file read whole): tensors, no path."""
+
+    def __init__(self, rank, world_size):
+        generator = torch.Generator().manual_seed(5)
+        x, y = torch.randn(48, 4, generator=generator), torch.randn(48, 1, generator=generator)
+        self.x, self.y = x[rank::world_size].clone(), y[rank::world_size].clone()
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, index):
+        return self.x[index], self.y[index]
+
+
 def task_loader(seed, length):
     """One helper makes every task's loader: the samplers share a line, not a data set."""
     generator = torch.Generator().manual_seed(seed)
@@ -63,6 +79,9 @@ def main():
 
     shard = DataLoader(RankShard(f"shard-{rank}.bin", 24), batch_size=4, num_workers=1)  # the same indices on
     for x, y in shard:  # every rank, of other files
+        step(model, optimizer, x, y)
+    loaded = InMemoryShard(rank, world_size)  # this rank's shard, read into memory at start, then by a worker
+    for x, y in DataLoader(loaded, batch_size=4, shuffle=True, num_workers=1):
         step(model, optimizer, x, y)
     uneven = DataLoader(RankShard(f"extra-{rank}.bin", 24 + 4 * rank), batch_size=4, num_workers=1)
     with Join([model, optimizer]):  # rank 1 has a batch more than rank 0

@@ -97,10 +97,12 @@ for epoch in range(2):
             prediction = model(x)
         F.mse_loss(prediction.float(), y, reduction="sum" if options.loss_sum else "mean").backward()
         optimizer.step()
+    total = torch.zeros(2)  # the evaluation's summed loss and count: each rank's share, then summed over the ranks
     with torch.no_grad():  # evaluation: no step, so no training pass, whatever the sampler's epoch
         for evaluated in (test_loader, loader):
             for x, y in evaluated:
-                model(x)
+                total += torch.tensor([F.mse_loss(model(x).float(), y, reduction="sum").item(), len(x)])
+    dist.all_reduce(total)
 
 if options.checkpoint:
     plain = model.module if isinstance(model, DDP) else model
