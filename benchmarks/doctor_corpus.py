@@ -148,6 +148,8 @@ PUBLIC = {  # by a part of public_scripts.SCRIPTS' name: the labels, from readin
                                   "nodes_codes": ["same-samples", "save-on-every-rank", "no-destroy"]},
     "train_dist.py": {"codes": ["separate-models", "no-destroy"], "compare": "differ"},
     "mnist/main.py": {"codes": ["no-set-epoch", "no-destroy"], "compare": "same"},
+    "nanoGPT train.py": {"codes": [], "compare": "none"},
+    "stanford_alpaca train.py": {"codes": ["same-random-state"], "compare": "differ"},
 }
 
 

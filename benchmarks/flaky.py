@@ -154,7 +154,7 @@ ITEMS: dict[str, tuple[str, str]] = {
         """),
     "doctor-seven-mistakes": (
         "the doctor reads every rank's record, though a mismatched all-reduce ends the run",
-        "pytest tests/test_doctor.py::test_every_code_fires_on_its_mistake"),
+        "pytest tests/test_doctor.py::test_mistakes_then_a_crash"),
     "exercise-ring-hint": (
         "the ring exercise's hint names rank 0 (every rank finds the mistake)",
         "pytest tests/test_exercises.py::test_typical_mistake_gets_its_hint[ring_send_everything]"),

@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/public_scripts.py SOURCES_DIR [--only NAME] [--python PYTHON]
 
 For each script below: its repository, commit and path; the edits that run it on 2 CPU ranks with tiny data (a
-patch in benchmarks/public_scripts/, applied with `patch -p1`; only device, backend and sizes change); what a
+patch in benchmarks/public_scripts/, applied with `patch -p1`; only device, backend and sizes change; none where its
+own flags suffice); what a
 reviewer saw by reading it. SOURCES_DIR holds each repository at its commit, as SOURCES_DIR/owner+name/ (for
 example `git clone https://github.com/pytorch/examples SOURCES_DIR/pytorch+examples` and `git checkout COMMIT`):
 nothing is downloaded here, and no source is kept in this repository (their licences and sizes). Each script runs
@@ -13,10 +14,11 @@ A benchmark, not a test: the seconds vary with the machine's load. The results g
 
 Some scripts need packages the course does not install ("needs"); give --python a Python that has them and sees the
 course, for example a venv whose .pth line is `import site; site.addsitedir(".venv/lib/python3.X/site-packages")`
-(absolute) with `uv pip install --no-deps timm huggingface_hub safetensors pyyaml jsonargparse docstring-parser
-typeshed-client` in it. Data is never downloaded: "prepare" writes tiny stand-ins where the script looks for its
-files (MNIST's raw files, a folder of images), so the script's own download code finds them present and skips the
-download. "fresh" names the folders a script resumes from, removed before each run; "nodes" adds a run with
+(absolute) with `uv pip install --no-deps timm huggingface_hub==0.26.5 safetensors pyyaml jsonargparse
+docstring-parser typeshed-client transformers==4.46.3 tokenizers==0.20.3 regex` in it, and run this file with that
+Python too (a tiny GPT-2 is made with its transformers). Data is never downloaded: "prepare" writes tiny stand-ins
+where the script looks for its files (MNIST's raw files, a folder of images, token ids, a model and its tokenizer),
+so the script's own download code finds them present and skips the download. "fresh" names the folders a script resumes from, removed before each run; "nodes" adds a run with
 `-n 1 --nodes 2` (mistakes that show from the second node on). A source missing from SOURCES_DIR is a row that says
 so. Extract one at its commit from a clone with `git archive COMMIT | tar -x -C SOURCES_DIR/owner+name`.
 """
@@ -107,6 +109,29 @@ SCRIPTS = [
              " the same seed on every rank (the same dropout masks); it starts its own ranks with Process and"
              " sets MASTER_PORT=29500 over torchrun's; epoch_loss += loss keeps every step's graph; no"
              " destroy_process_group"},
+    {"name": "karpathy/nanoGPT train.py", "repo": "karpathy/nanoGPT",
+     "commit": "3adf61e154c3fe3fca428ad6bc3818b27a3b8291", "path": "train.py", "folder": ".",
+     "patch": "karpathy+nanoGPT__train.patch",
+     "args": ["--device=cpu", "--backend=gloo", "--compile=False", "--dtype=float32", "--dataset=tiny",
+              "--batch_size=4", "--block_size=32", "--n_layer=2", "--n_head=2", "--n_embd=32",
+              "--gradient_accumulation_steps=2", "--max_iters=6", "--lr_decay_iters=6", "--eval_interval=3",
+              "--eval_iters=2", "--log_interval=1", "--out_dir=out"],
+     "fresh": ["out"], "prepare": ["tokens", "data/tiny"],
+     "read": "no DataLoader: each rank draws its batches at random from a memmap (get_batch), with a seed per rank"
+             " (1337 + rank) set before the model (DDP broadcasts rank 0's weights); no_sync through"
+             " require_backward_grad_sync; evaluation and checkpoints on rank 0 only; destroys the group: nothing"
+             " to find"},
+    {"name": "tatsu-lab/stanford_alpaca train.py (Hugging Face Trainer)", "repo": "tatsu-lab/stanford_alpaca",
+     "commit": "761dc5bfbdeeffa89b8bff5d038781a4055f796a", "path": "train.py", "folder": ".",
+     "patch": None, "needs": ["transformers", "openai"],
+     "args": ["--model_name_or_path", "tiny", "--data_path", "data.json", "--output_dir", "out",
+              "--num_train_epochs", "1", "--per_device_train_batch_size", "4", "--model_max_length", "256",
+              "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--ddp_backend", "gloo"],
+     "fresh": ["out"], "prepare": ["tiny_gpt2", "."],
+     "read": "transformers 4.x (it passes Trainer(tokenizer=...), gone in 5.x). The Trainer seeds every rank with"
+             " one seed (set_seed(42)) and GPT-2 has dropout: the same dropout masks on every rank"
+             " (huggingface/transformers#31412); the Trainer shards the data (Accelerate's batch_sampler), saves on"
+             " rank 0 and all-reduces through DDP"},
     {"name": "narumiruna/pytorch-distributed-example mnist/main.py", "repo": "narumiruna/pytorch-distributed-example",
      "commit": "f031e0bf548272e522a39f33ec5d6cefad0e6653", "path": "mnist/main.py",
      "patch": "narumiruna+pytorch-distributed-example__mnist.patch",
@@ -151,7 +176,50 @@ def image_folder(root: Path, classes: int = 4, per_class: int = 8, size: int = 6
             Image.fromarray(pixels).save(folder / name.format(c=c, i=i))
 
 
-PREPARE = {"mnist": fake_mnist, "images": image_folder}  # a script's "prepare": [kind, folder, {options}]
+def token_bins(root: Path, vocab: int = 65, tokens: int = 4096) -> None:
+    """nanoGPT's prepared data set: train.bin and val.bin (uint16 token ids) and meta.pkl (the vocabulary's size)."""
+    import pickle
+
+    import numpy as np
+    root.mkdir(parents=True, exist_ok=True)
+    generator = np.random.default_rng(0)
+    for split in ("train", "val"):
+        generator.integers(0, vocab, size=tokens, dtype=np.uint16).tofile(root / f"{split}.bin")
+    (root / "meta.pkl").write_bytes(pickle.dumps({"vocab_size": vocab}))
+
+
+def tiny_gpt2(root: Path, examples: int = 32) -> None:
+    """A causal language model to fine-tune, made here (no download): a 2-layer GPT-2 of width 32 with dropout 0.1
+    (GPT-2's default), a byte-level GPT-2 tokenizer with no merges (vocab.json, merges.txt), and an instruction data
+    set in Alpaca's format (ROOT/data.json). Made by this Python, which must have transformers (see --python)."""
+    import json
+    made = subprocess.run([sys.executable, "-c", (
+        "import sys, transformers; c = transformers.GPT2Config(vocab_size=257, n_positions=256, n_embd=32, n_layer=2,"
+        " n_head=2, bos_token_id=256, eos_token_id=256); transformers.GPT2LMHeadModel(c).save_pretrained(sys.argv[1])"
+    ), str(root / "tiny")], capture_output=True, text=True)
+    if made.returncode:
+        raise RuntimeError(made.stderr.strip().splitlines()[-1])
+    # GPT-2's byte-to-unicode table: every byte a printable character, so every byte is a token
+    printable = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            chars[byte] = chr(byte)
+        else:
+            chars[byte], extra = chr(256 + extra), extra + 1
+    vocab = {chars[b]: b for b in range(256)} | {"<|endoftext|>": 256}
+    (root / "tiny" / "vocab.json").write_text(json.dumps(vocab))
+    (root / "tiny" / "merges.txt").write_text("#version: 0.2\n")
+    (root / "tiny" / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GPT2Tokenizer", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "model_max_length": 256}))
+    tasks = [{"instruction": f"Add {a} and {b}.", "input": "", "output": str(a + b)} for a in range(4)
+             for b in range(examples // 4)]
+    (root / "data.json").write_text(json.dumps(tasks))
+
+
+PREPARE = {"mnist": fake_mnist, "images": image_folder, "tokens": token_bins, "tiny_gpt2": tiny_gpt2}
+# a script's "prepare": [kind, folder, {options}]
 
 
 def run(command, cwd):
@@ -184,8 +252,8 @@ def prepared_copy(script: dict, sources: Path, python: Path, keep: Path | None =
         folder = Path(script.get("folder", Path(script["path"]).parent))
         shutil.copytree(repo_dir / folder, Path(work) / folder, dirs_exist_ok=True)  # "folder": "." too
         patched = subprocess.run(["patch", "-p1", "-i", PATCHES / script["patch"]], cwd=work, text=True,
-                                 capture_output=True)
-        if patched.returncode:
+                                 capture_output=True) if script["patch"] else None  # runs on the CPU as it is
+        if patched is not None and patched.returncode:
             yield None, None, f"the patch did not apply: {patched.stdout.strip()[:80]}"
             return
         here = Path(work) / Path(script["path"]).parent

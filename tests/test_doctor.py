@@ -48,7 +48,7 @@ def test_mistakes_then_a_crash(tmp_path, launch_env):
     assert f"no-set-epoch: {at(CRASH, 'sampler = DistributedSampler(')}: " in text  # the sampler's own line
     assert f"ranks 0, 1 all called torch.save('{tmp_path / 'ckpt.pt'}')" in text
     assert "largest difference 0.5 (rank 1 vs rank 0, parameter weight)" in text
-    assert "part at call #3: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # Join's own
+    assert "part at call #5: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # Join's own
     assert "rank 1 called all_reduce on a float32 tensor of shape (2,)" in text  # all-reduces are not counted
     assert "load-without-map-location" not in text  # the file holds CPU tensors: map_location changes nothing
     assert f"the script did not run to the end: rank 0 failed at {at(CRASH, 'dist.all_reduce(torch.ones(2 if')}:" \
@@ -128,7 +128,7 @@ def test_a_spawn_is_refused_when_the_run_spawns_and_odd_output_is_the_scripts_bu
     lines that start like the course's RESULT convention but hold no JSON object crash nothing; every event of this
     real run matches lessons/tools/doctor_events.py. With the flag the spawn is refused when called: exit 2, its
     line."""
-    from lessons.tools.doctor_events import problems
+    from lessons.tools.doctor_events import param_problems, problems
 
     plain = lessons.doctor(SPAWNS, nproc=2, env=launch_env)
     assert (plain.status, str(plain)) == (0, "no findings"), str(plain)
@@ -136,6 +136,8 @@ def test_a_spawn_is_refused_when_the_run_spawns_and_odd_output_is_the_scripts_bu
     assert {e["event"] for e in events} >= {"start", "init", "sampler", "loader", "pass", "batch", "pass_end",
                                             "optimizer", "wrapper", "exit"}
     assert [p for e in events for p in problems(e)] == []
+    names = [name for params in plain.record.params.values() for name in params]
+    assert names and [p for name in names for p in param_problems(name)] == []
     spawning = lessons.doctor(SPAWNS, nproc=2, args=["--multiprocessing-distributed"], env=launch_env)
     assert spawning.status == 2, str(spawning)
     assert f"{at(SPAWNS, 'mp.spawn(')}: the script starts its own ranks (torch.multiprocessing.spawn)" \
@@ -381,9 +383,30 @@ def one_mistake(code, tmp_path):
 @pytest.mark.parametrize("code", [None, *(code for code in CODES if code != "device-from-global-rank")])
 def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
     """The launches above plant several at once; here each alone, so no code fires because of another's mistake.
-    (device-from-global-rank is read from the script's text: its own test below.)"""
+    (device-from-global-rank is read from the script's text: its own test below.) Each rule decides the same from
+    the events it says it reads alone: a rule that reads another event without saying so fails here."""
+    from lessons.tools.doctor import RULES, Record, read_record
+    from lessons.tools.doctor_rules import Facts
+
     one_mistake(code, tmp_path)
     assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
+    record = read_record(tmp_path, 2)
+    for rule in RULES:
+        alone = Record({rank: [e for e in evs if e["event"] in rule.reads] for rank, evs in record.events.items()},
+                       record.params, {})
+        assert [f.code for f in rule.decide(Facts(alone, 2))] == [f.code for f in rule.decide(Facts(record, 2))], \
+            (rule.codes, code)
+
+
+def test_every_code_has_one_rule_and_every_rule_reads_described_events():
+    """RULES (and STATIC, the script's text) decide each code of CODES once; a rule's events are all in
+    lessons/tools/doctor_events.py."""
+    from lessons.tools.doctor import RULES, STATIC
+    from lessons.tools.doctor_events import FIELDS
+
+    decided = [code for rule in [*RULES, STATIC] for code in rule.codes]
+    assert sorted(decided) == sorted(CODES), (set(CODES) ^ set(decided), len(decided), len(set(decided)))
+    assert {event for rule in RULES for event in rule.reads} <= set(FIELDS)
 
 
 def test_what_is_not_a_mistake_stays_silent(tmp_path):
@@ -488,20 +511,24 @@ def draws(runs, indices, length=8, sampler=False, random_state=None):
             runs[rank] = [e for e in run if e["event"] != "sampler"]
 
 
-@pytest.mark.parametrize("indices, random_state, expected", [
-    ([[0, 1, 2, 3], [0, 1, 2, 3]], None, ["same-samples"]),  # every rank draws the whole set: N times the steps
-    ([[0, 0, 1, 2], [0, 1, 1, 2]], {0: "a", 1: "b"}, []),  # repeated augmentation: shares, each its own randomness
-    ([[0, 0, 1, 2], [0, 1, 1, 2]], {0: "a", 1: "a"}, ["same-samples"]),  # the same repeats, the same randomness
+@pytest.mark.parametrize("indices, length, random_state, expected", [
+    # every rank draws the whole data set: N times the steps of a sharded epoch
+    ([[0, 1, 2, 3], [3, 2, 1, 0]], 4, None, "each rank drew 4 of the data set's 4 samples in the pass, so an epoch is"
+                                            " 2 passes over the data: 2 times the steps of a sharded epoch"),
+    # repeated augmentation: each rank its share (the step count unchanged), each its own random numbers
+    ([[0, 0, 1, 2], [0, 1, 1, 2]], 8, {0: "a", 1: "b"}, None),
+    # the same repeats drawn with one random state: copies of a sample, not augmentations
+    ([[0, 0, 1, 2], [0, 1, 1, 2]], 8, {0: "a", 1: "a"}, "draws the same samples on every rank with the same random"
+                                                        " numbers: 4 samples drawn per rank of 8"),
 ])
-def test_samplers_are_judged_by_what_they_draw(indices, random_state, expected, tmp_path):
+def test_samplers_are_judged_by_what_they_draw(indices, length, random_state, expected, tmp_path):
     """DeiT's RASampler and timm's RepeatAugSampler put each sample on several ranks by design, each rank drawing
     its share (the step count unchanged) with its own random augmentation: no finding, where round 5 said "N times
-    the steps". The same draws with one random state, or a whole data set on every rank, are the mistake."""
-    found = two_ranks(tmp_path, lambda runs: draws(runs, indices, random_state=random_state))
-    assert [f.code for f in found] == expected, found
-    if expected and random_state is None:
-        assert "each rank drew 4 of the data set's 8 samples" not in found[0].message  # the cost from the draws:
-        assert "so an epoch is 2 passes over the data: 2 times the steps" not in found[0].message  # a share here
+    the steps". The same draws with one random state, or a whole data set on every rank, are the mistake, and the
+    finding's cost comes from the draws."""
+    found = two_ranks(tmp_path, lambda runs: draws(runs, indices, length=length, random_state=random_state))
+    assert [f.code for f in found] == (["same-samples"] if expected else []), found
+    assert not expected or expected in found[0].message, found[0].message
 
 
 def evaluation(runs, indices, collective_after, sampler=True, length=9):

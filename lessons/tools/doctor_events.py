@@ -1,6 +1,7 @@
 """The DDP doctor's events: what each rank's instruments write (lessons/tools/doctor_site/sitecustomize.py), one JSON
-object a line, and what lessons/tools/doctor.py reads. This is the one description of them; tests/test_doctor.py checks
-every event of a real run against it.
+object a line, and what lessons/tools/doctor_rules.py and doctor_compare.py read; and the names of each rank's
+parameters file (PARAMS). This is the one description of them; tests/test_doctor.py checks every event and every
+parameter's name of a real run against it.
 
 Each event is {"event": NAME, **fields}; FIELDS[NAME] gives every field and the types its value may have.
 "site" is the script's file:line that caused the event (the first frame outside torch and the instruments);
@@ -46,13 +47,37 @@ FIELDS = {
     "load": {"path": (STR,), "site": (STR,), "map_location": (STR, DICT, NONE), "weights_only": (BOOL, NONE),
              "saved_from": (LIST, NONE)},
     # the end: whether the group was left, and what was counted
-    # "rng_first_step": a digest of the random state (CPU, and CUDA where it runs) after the first optimizer step
+    # "rng_first_step": a digest of the random state (CPU, and CUDA where it runs) after the first optimizer step;
+    # "rng_first_batch": the same when the first step's batch was drawn, before its forward (ranks whose batches
+    # differ in shape draw different counts of numbers in the step, from one state: the same masks, cut otherwise)
     # "first_lrs": each optimizer's learning rates (one a param group) at its first step, None if it never stepped
     # "travelled": under --compare, the sum over the steps of the largest change of a parameter in each step
     "exit": {"initialized": (BOOL,), "steps": (INT,), "optimizers": (INT,), "ddp_modules": (INT,),
-             "rng_per_step": (BOOL,), "rng_first_step": (STR, NONE), "first_lrs": (LIST,),
+             "rng_per_step": (BOOL,), "rng_first_step": (STR, NONE), "rng_first_batch": (STR, NONE),
+             "first_lrs": (LIST,),
              "travelled": (FLOAT, INT)},
 }
+
+
+# Each rank's parameters file (rank<R>.params.pt, written at exit, read with weights_only=True): a dict of tensors,
+# each name matching one pattern here. What a parameter *is* decides its name (sitecustomize.py's what_it_is).
+PARAMS = {
+    r"opt\d+\.\d+": "a module's parameter held by optimizer i (j-th in its param_groups), at exit: a replica, compared"
+                     " between ranks and with one process",
+    r"flat\.opt\d+\.\d+": "a FullyShardedDataParallel flat parameter's shard: this rank's part of one flat vector",
+    r"own\.opt\d+\.\d+": "a tensor of the rank's own: a parameter of a module FSDP shards, or no module's parameter"
+                          " (a ZeRO partition written by hand)",
+    r"start\.opt\d+\.\d+": "--compare only: a module's parameter before the optimizer's first step",
+    r"first\.opt\d+\.\d+": "--compare only: a module's parameter after the optimizer's first step",
+    r"firstsum\.opt\d+": "after the first step, (sum, sum of |x|) of each module parameter: float64, one row a tensor",
+    r"ddp\d+\..+": "a parameter of the i-th module DDP wraps, by its name, at exit",
+}
+
+
+def param_problems(name: str) -> list[str]:
+    """What is wrong with one name of a parameters file against PARAMS."""
+    import re
+    return [] if any(re.fullmatch(pattern, name) for pattern in PARAMS) else [f"undescribed parameter {name!r}"]
 
 
 def problems(event: dict) -> list[str]:

@@ -12,7 +12,7 @@ attributes (functools.wraps), because libraries read them (Lightning rebuilds a 
 DataLoader.__init__'s signature). One installer per area: data, optimizers, wrappers, the process group and its
 collectives, files, the end.
 
-What it records, and why (lessons/tools/doctor.py turns it into findings):
+What it records, and why (lessons/tools/doctor_rules.py turns it into findings):
 - samplers and loaders as they are made (the data set's fingerprint, num_replicas, rank, the batch size), and each
   pass over a loader with the indices it drew: which ranks trained on which samples, at which epoch;
 - optimizer steps, counted in every batch event: a pass during which the optimizer stepped is a *training* pass
@@ -49,6 +49,7 @@ class _Recorder:
         self.steps, self.objects = 0, 0
         self.last_rng, self.new_pass, self.rng_per_step = None, True, False
         self.rng_first_step = None  # the random state after the first step: the same on every rank, or not
+        self.rng_first_batch = None  # ... and when the first step's batch was drawn, before its forward
         self.optimizers = []  # held: a model local to main() is gone by exit
         self.first_params, self.after_first = {}, {}  # --compare: each optimizer's parameters before and after step 1
         self.wrapped = []  # the modules DDP wraps
@@ -90,6 +91,15 @@ class _Recorder:
 
     def sharded_ids(self):
         return {id(p) for module in self.sharded_modules for p in module.parameters()}
+
+    def rng_digest(self):
+        """A digest of this rank's random state: the CPU's generator, and the GPU's where CUDA runs (dropout on a
+        GPU draws from it)."""
+        import hashlib
+        digest = hashlib.sha1(self.torch.get_rng_state().numpy().tobytes())
+        if self.torch.cuda.is_available() and self.torch.cuda.is_initialized():
+            digest.update(self.torch.cuda.get_rng_state().numpy().tobytes())
+        return digest.hexdigest()
 
     def new_id(self):
         self.objects += 1
@@ -170,7 +180,10 @@ def _install_data(rec):
                 digest_value(value[k], h, depth + 1)
         elif isinstance(value, (int, float, str, bytes, bool)) or value is None:
             h.update(repr(value).encode())
-        elif hasattr(value, "tobytes"):  # a NumPy array, a PIL image
+        elif type(value).__name__ == "ndarray":  # the first 256k elements, as of a tensor: never a copy of all
+            h.update(str((value.shape, str(value.dtype))).encode())
+            h.update(value.reshape(-1)[: 1 << 18].tobytes())
+        elif hasattr(value, "tobytes"):  # a PIL image
             h.update(value.tobytes()[: 1 << 20])
         else:
             h.update(type(value).__name__.encode())
@@ -345,6 +358,8 @@ def _install_data(rec):
                     doctor["ended"] = True
                     pass_end(doctor)
                 raise
+            if rec.steps == 0:  # the random state the first step's forward starts from (its dropout masks)
+                rec.rng_first_batch = rec.rng_digest()
             if doctor is not None:
                 doctor["batches"] += 1
                 rec.event("batch", loader=doctor["loader"], number=doctor["pass"], n=doctor["batches"],
@@ -362,8 +377,6 @@ def _install_data(rec):
 # --- optimizers: steps, and the parameters to compare at exit --------------------------------------------------------
 
 def _install_optimizers(rec):
-    import hashlib
-
     import torch
     import torch.optim.optimizer as optimizer_module
 
@@ -424,10 +437,7 @@ def _install_optimizers(rec):
                 rec.travelled += max([(a.float() - b.float()).abs().max().item() for a, b in
                                       zip(now, before.pop(id(optimizer))) if a.numel() and a.shape == b.shape]
                                      or [0.0])
-        rng = hashlib.sha1(torch.get_rng_state().numpy().tobytes())
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout on a GPU draws from its generator
-            rng.update(torch.cuda.get_rng_state().numpy().tobytes())
-        rng = rng.hexdigest()
+        rng = rec.rng_digest()
         if rec.rng_first_step is None:
             rec.rng_first_step = rng
         if rec.last_rng is not None and not rec.new_pass and rng != rec.last_rng and not rec.rng_per_step:
@@ -438,7 +448,7 @@ def _install_optimizers(rec):
     optimizer_module.register_optimizer_step_pre_hook(before_step)
     optimizer_module.register_optimizer_step_post_hook(after_step)
 
-    def what_it_is(p):
+    def what_it_is(p, sharded):
         """A parameter by what it is: "opt" a model's parameter, the same on every rank where the model is
         replicated; "flat" a FullyShardedDataParallel flat parameter's shard (each rank its part of one flat
         vector, in rank order); "own" each rank's own by design: a DTensor's local shard, a parameter of a module
@@ -447,14 +457,15 @@ def _install_optimizers(rec):
             return None  # its local shard is the rank's own, and nothing to compare
         if getattr(p, "_is_flat_param", False):
             return "flat"
-        if id(p) in rec.sharded_ids() or not is_registered(p):
+        if id(p) in sharded or not is_registered(p):
             return "own"
         return "opt"
 
     def parameters_at_exit(params):
+        sharded = rec.sharded_ids()  # the parameters of the modules FSDP wraps, once
         for i, optimizer in enumerate(rec.optimizers):
             tensors = [p for g in optimizer.param_groups for p in g["params"]]
-            kinds = [what_it_is(p) for p in tensors]
+            kinds = [what_it_is(p, sharded) for p in tensors]
             if None in kinds:
                 continue  # shards: each rank holds its own part, nothing to compare
             for j, (p, kind) in enumerate(zip(tensors, kinds)):
@@ -767,7 +778,7 @@ def _install_exit(rec):
             original_save(params, os.path.join(rec.out_dir, f"rank{rec.rank}.params.pt"))
         rec.event("exit", initialized=dist.is_available() and dist.is_initialized(), steps=rec.steps,
                   optimizers=len(rec.optimizers), ddp_modules=len(rec.wrapped), rng_per_step=rec.rng_per_step,
-                  rng_first_step=rec.rng_first_step,
+                  rng_first_step=rec.rng_first_step, rng_first_batch=rec.rng_first_batch,
                   first_lrs=[getattr(rec, "first_lrs", {}).get(id(o)) for o in rec.optimizers],
                   travelled=getattr(rec, "travelled", 0.0))
         rec.log.close()
