@@ -142,7 +142,7 @@ PUBLIC = {  # by a part of public_scripts.SCRIPTS' name: the labels, from readin
     "FSDP2/example.py": {"codes": [], "compare": "none"},
     "backbone_image_classifier.py": {"codes": [], "compare": "same"},
     "train_fabric.py": {"codes": ["same-random-state"], "compare": "differ"},
-    "cv_example.py": {"codes": [], "compare": "same"},
+    "cv_example.py": {"codes": [], "compare": "differ"},  # a ResNet with BatchNorm: each rank its own statistics
     "main_dino.py": {"codes": ["same-random-state", "no-destroy"], "compare": "none"},
     "ddp_tutorial_multi_gpu.py": {"codes": ["no-destroy"], "compare": "differ",
                                   "nodes_codes": ["same-samples", "save-on-every-rank", "no-destroy"]},

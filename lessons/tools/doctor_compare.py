@@ -55,7 +55,10 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
             return cannot(f"the loader made at {site} takes its batches from a batch_sampler"
                           f" ({loader['batch_sampler']}) and its indices were not recorded: the doctor can't give"
                           " one process the ranks' global batch")
-        one_env["LESSONS_DOCTOR_BATCHES"] = json.dumps({"site": site, "passes": passes})
+        made_there = [e["loader"] for e in record.events[reference_rank] if e["event"] == "loader"
+                      and e["site"] == site]  # a library's one line makes every loader: the training one is the k-th
+        one_env["LESSONS_DOCTOR_BATCHES"] = json.dumps({"site": site, "ordinal": made_there.index(loader["loader"]),
+                                                        "passes": passes})
         per_rank = max(len(b) for b in passes[0]) // nproc
         whole = per_rank * nproc
         flag = _batch_flag(record, per_rank) if nproc > 1 else None

@@ -236,7 +236,10 @@ def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
                 continue
             every = [i for d in drawn.values() for i in d]
             repeated = len(every) - len(set(every))
-            if combined and repeated and not any(f.code == "padded-evaluation" for f in found):
+            summed = combined & {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
+            # Summed, the padding counts twice; gathered, the script holds each sample's result and can drop the
+            # padding (Accelerate's gather_for_metrics does): no claim.
+            if summed and repeated and not any(f.code == "padded-evaluation" for f in found):
                 length = by_rank[first_rank].loader["length"]
                 of = f" of {length}" if length else ""
                 found.append(Finding("padded-evaluation", (
@@ -262,19 +265,20 @@ def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
     return found
 
 
-def _collective_after(events, p) -> bool:
-    """Did the script make a collective after pass P's last batch, before the next optimizer step (or the end)?"""
+def _collective_after(events, p) -> set:
+    """The collectives (their ops) the script made after pass P's last batch, before the next optimizer step (or the
+    end): how the ranks' shares were combined, if at all."""
     last = max((i for i, e in enumerate(events) if e["event"] in ("batch", "pass_end")
                 and e.get("loader") == p.loader["loader"] and e.get("number") == p.number), default=None)
     if last is None:
-        return False
-    steps = events[last].get("steps", 0)
+        return set()
+    steps, ops = events[last].get("steps", 0), set()
     for e in events[last + 1:]:
         if e["event"] == "collective":
-            return True
+            ops.add(e["op"])
         if e.get("steps", steps) > steps:
-            return False
-    return False
+            break
+    return ops
 
 
 def _device_from_global_rank(script) -> list[Finding]:  # STATIC, below

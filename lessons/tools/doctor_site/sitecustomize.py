@@ -229,7 +229,9 @@ def _install_data(rec):
 
     override = json.loads(os.environ.get("LESSONS_DOCTOR_BATCH", "null"))  # --compare: {"site": s, "batch": b}
     # --compare, a loader that takes a batch_sampler: the ranks' batches, step by step, as one process's
-    union = json.loads(os.environ.get("LESSONS_DOCTOR_BATCHES", "null"))  # {"site": s, "passes": [[[i...]...]...]}
+    # {"site": s, "ordinal": k (the k-th loader made there), "passes": [[[i...]...]...]}
+    union = json.loads(os.environ.get("LESSONS_DOCTOR_BATCHES", "null"))
+    union_made = {}
 
     class RanksBatches:
         """The one process's batch_sampler: each pass, the union of the ranks' batches of that pass."""
@@ -254,7 +256,8 @@ def _install_data(rec):
             # A loader given a batch_sampler has no batch size to change (Lightning rebuilds its predict loader at
             # the same line as the training loader): changing it would raise in the DataLoader.
             by_batch_sampler = kwargs.get("batch_sampler") is not None or len(args) > 3 and args[3] is not None
-            if union and where == union["site"] and by_batch_sampler:
+            made_here = union_made[where] = union_made.get(where, -1) + 1  # the k-th loader made at this line
+            if union and where == union["site"] and by_batch_sampler and made_here == union.get("ordinal", 0):
                 if kwargs.get("batch_sampler") is not None:
                     kwargs["batch_sampler"] = RanksBatches(union["passes"], kwargs["batch_sampler"])
                 else:
