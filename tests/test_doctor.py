@@ -385,17 +385,22 @@ def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
     """The launches above plant several at once; here each alone, so no code fires because of another's mistake.
     (device-from-global-rank is read from the script's text: its own test below.) Each rule decides the same from
     the events it says it reads alone: a rule that reads another event without saying so fails here."""
+    one_mistake(code, tmp_path)
+    assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
+    rules_read_what_they_say(tmp_path)
+
+
+def rules_read_what_they_say(tmp_path):
+    """Each rule decides the same from the events it says it reads, alone, as from all of them."""
     from lessons.tools.doctor import RULES, Record, read_record
     from lessons.tools.doctor_rules import Facts
 
-    one_mistake(code, tmp_path)
-    assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
     record = read_record(tmp_path, 2)
     for rule in RULES:
         alone = Record({rank: [e for e in evs if e["event"] in rule.reads] for rank, evs in record.events.items()},
                        record.params, {})
         assert [f.code for f in rule.decide(Facts(alone, 2))] == [f.code for f in rule.decide(Facts(record, 2))], \
-            (rule.codes, code)
+            rule.codes
 
 
 def test_every_code_has_one_rule_and_every_rule_reads_described_events():
@@ -529,11 +534,12 @@ def test_samplers_are_judged_by_what_they_draw(indices, length, random_state, ex
     found = two_ranks(tmp_path, lambda runs: draws(runs, indices, length=length, random_state=random_state))
     assert [f.code for f in found] == (["same-samples"] if expected else []), found
     assert not expected or expected in found[0].message, found[0].message
+    rules_read_what_they_say(tmp_path)
 
 
 def evaluation(runs, indices, collective_after, sampler=True, length=9):
-    """Each rank's evaluation pass (no step) over a loader of its own site draws INDICES[rank]; then, if
-    COLLECTIVE_AFTER, an all-reduce."""
+    """Each rank's evaluation pass (no step) over a loader of its own site draws INDICES[rank]; then the collective
+    COLLECTIVE_AFTER names ("all_reduce", "all_gather"), if any."""
     for rank, run in runs.items():
         loader = {"event": "loader", "loader": 5, "site": "t.py:20", "batch_size": 2, "asked_batch_size": 2,
                   "sampler": None, "sampler_type": "OrderedDistributedSampler", "dataset": "test", "length": length}
@@ -541,22 +547,24 @@ def evaluation(runs, indices, collective_after, sampler=True, length=9):
         for e in extra[1:]:
             e["steps"] = 4
         if collective_after:
-            extra.append({"event": "collective", "op": "all_reduce", "shape": [[2], "float32"], "site": "t.py:22",
-                          "steps": 4})
+            extra.append({"event": "collective", "op": collective_after, "shape": [[2], "float32"],
+                          "site": "t.py:22", "steps": 4})
         run[-1:-1] = extra
 
 
 @pytest.mark.parametrize("indices, collective_after, expected", [
-    ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], True, ["padded-evaluation"]),  # timm's OrderedDistributedSampler pads
-    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], True, []),  # exact shares, summed: right
-    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], False, ["unreduced-evaluation"]),  # rank 0 reports its own share
-    ([list(range(9)), list(range(9))], False, []),  # every rank evaluates the whole set: nothing to combine
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_reduce", ["padded-evaluation"]),  # timm's OrderedDistributedSampler
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_gather", []),  # gathered: de-duplicated (gather_for_metrics)
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "all_reduce", []),  # exact shares, summed: right
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], None, ["unreduced-evaluation"]),  # rank 0 reports its own share
+    ([list(range(9)), list(range(9))], None, []),  # every rank evaluates the whole set: nothing to combine
 ])
 def test_evaluations_are_judged_by_what_the_ranks_drew(indices, collective_after, expected, tmp_path):
     """A padding evaluation sampler that is not a DistributedSampler escaped padded-evaluation; a metric computed
     on rank 0 alone got a note about double counting."""
     found = two_ranks(tmp_path, lambda runs: evaluation(runs, indices, collective_after))
     assert [f.code for f in found] == expected, found
+    rules_read_what_they_say(tmp_path)
 
 
 def test_a_rank_that_stops_alone_is_named_not_only_the_crash_it_causes(tmp_path):
