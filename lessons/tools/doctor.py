@@ -15,18 +15,18 @@ comparison was possible.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .doctor_compare import (COMPARE_RTOL, LOW_PRECISION, _compare, _compare_reasons,  # noqa: F401
                              _read_what_the_ranks_wrote)
-from .doctor_rules import (CODES, NOTE, RULES, STATIC, Code, Finding, Pass, Record,  # noqa: F401
-                           _device_from_global_rank, _shown_path, examine_record, passes_of)
+from .doctor_record import Pass, Record, _shown_path, passes_of, read_record  # noqa: F401
+from .doctor_report import CODES, NOTE, Code, DoctorReport, Finding  # noqa: F401
+from .doctor_rules import RULES, STATIC, examine_record  # noqa: F401
+from .doctor_static import _device_from_global_rank  # noqa: F401
 from .launch import LaunchError, LaunchResult, torchrun
 
 SITE_DIR = Path(__file__).resolve().parent / "doctor_site"
@@ -35,39 +35,6 @@ SITE_FILE = SITE_DIR / "sitecustomize.py"  # the instruments: loaded into every 
 
 USAGE = ("python -m lessons doctor SCRIPT -n N [--timeout S] [--compare [--one-process-env NAME=VALUE]"
          " [--one-process-cwd DIR]] [--nodes K] [-- ARGS]")
-
-
-@dataclass
-class DoctorReport:
-    findings: list[Finding] = field(default_factory=list)
-    launch: LaunchResult | None = None  # what the ranks printed; .result is rank 0's RESULT
-    error: str | None = None  # why the script did not run to the end, in one line (a hang: where each rank was)
-    compare: list[str] = field(default_factory=list)  # --compare: the lines starting "compare:"
-    compare_status: int | None = None  # 0 the same model, 1 not, 2 no comparison possible
-    record: Record | None = field(default=None, repr=False)  # what the ranks recorded (lessons/tools/doctor_events.py)
-    notes: list[Finding] = field(default_factory=list)  # severity 4: printed after the findings, exit status 0
-
-    @property
-    def status(self) -> int:
-        """2: the script did not run to the end; 1: a finding (severity 1 to 3), or --compare's runs differ; 0: none
-        of these and, under --compare, the same model; 2 too when --compare could not compare."""
-        if self.error:
-            return 2
-        if self.findings:
-            return 1
-        return self.compare_status or 0
-
-    @property
-    def codes(self) -> list[str]:
-        return [f.code for f in self.findings]
-
-    def __str__(self):
-        lines = [str(f) for f in self.findings]
-        if self.error:
-            lines.append(f"the script did not run to the end: {self.error}")
-        if not lines:
-            lines.append("no findings")
-        return "\n".join(lines + [f"note: {note}" for note in self.notes] + self.compare)
 
 
 def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), timeout: float | None = 300,
@@ -190,32 +157,9 @@ def _why_it_stopped(error: LaunchError) -> str:
     return error.root_cause or message.splitlines()[0]
 
 
-
-
-def read_record(out_dir: Path, nproc: int) -> Record:
-    import torch  # only here: the kernel that calls the doctor may not have it yet
-
-    events, params, errors = {}, {}, {}
-    for rank in range(nproc):
-        path = out_dir / f"rank{rank}.jsonl"
-        lines = path.read_text().splitlines() if path.exists() else []
-        events[rank] = []
-        for line in lines:
-            try:
-                events[rank].append(json.loads(line))
-            except json.JSONDecodeError:  # the last line of a rank killed while writing it
-                pass
-        if (out_dir / f"rank{rank}.params.pt").exists():
-            params[rank] = torch.load(out_dir / f"rank{rank}.params.pt", map_location="cpu", weights_only=True)
-        if (out_dir / f"rank{rank}.error").exists():
-            errors[rank] = (out_dir / f"rank{rank}.error").read_text().strip()
-    return Record(events, params, errors)
-
-
 def examine(out_dir: Path, nproc: int, crashed: bool = False) -> list[Finding]:
     """The findings in what NPROC ranks wrote to OUT_DIR, most serious first."""
     return examine_record(read_record(Path(out_dir), nproc), nproc, crashed)
-
 
 
 # --- The command line -------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import json
 import os
 from typing import TYPE_CHECKING
 
-from .doctor_rules import Record, passes_of
+from .doctor_record import Record, passes_of
 
 if TYPE_CHECKING:
     from .doctor import DoctorReport

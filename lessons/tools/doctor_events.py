@@ -1,6 +1,6 @@
 """The DDP doctor's events: what each rank's instruments write (lessons/tools/doctor_site/sitecustomize.py), one JSON
-object a line, and what lessons/tools/doctor_rules.py and doctor_compare.py read; and the names of each rank's
-parameters file (PARAMS). This is the one description of them; tests/test_doctor.py checks every event and every
+object a line, and what the doctor's rules (lessons/tools/doctor_rules.py and its areas) and doctor_compare.py
+read; and the names of each rank's parameters file (PARAMS). This is the one description of them; tests/test_doctor.py checks every event and every
 parameter's name of a real run against it.
 
 Each event is {"event": NAME, **fields}; FIELDS[NAME] gives every field and the types its value may have.

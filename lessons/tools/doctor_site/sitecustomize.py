@@ -12,7 +12,7 @@ attributes (functools.wraps), because libraries read them (Lightning rebuilds a 
 DataLoader.__init__'s signature). One installer per area: data, optimizers, wrappers, the process group and its
 collectives, files, the end.
 
-What it records, and why (lessons/tools/doctor_rules.py turns it into findings):
+What it records, and why (lessons/tools/doctor_rules.py and its areas turn it into findings):
 - samplers and loaders as they are made (the data set's fingerprint, num_replicas, rank, the batch size), and each
   pass over a loader with the indices it drew: which ranks trained on which samples, at which epoch;
 - optimizer steps, counted in every batch event: a pass during which the optimizer stepped is a *training* pass

@@ -1,0 +1,250 @@
+"""The doctor's rules about data: what the ranks drew from their loaders, pass by pass (unequal batches, the same
+samples, data sets that differ, one order every epoch, padded or unreduced evaluations). Decided from the indices
+drawn, not from a sampler's class. Registered in RULES, below."""
+
+from __future__ import annotations
+
+from .doctor_report import Finding, Rule
+
+SAME_SAMPLES = 0.5  # ranks sharing more than half their samples in a pass: no sharding, not a padded shard
+DATA_EVENTS = ("sampler", "loader", "pass", "batch", "pass_end")
+
+
+def _unequal_batches(trained: dict[int, dict], passes, events, failed=frozenset()) -> list[Finding]:
+    keys = sorted({k for ps in trained.values() for k in ps}, key=lambda k: (k[0], k[1]))
+    exits = {rank: next((e for e in evs if e["event"] == "exit"), None) for rank, evs in events.items()}
+    # A rank that left the training loop and reached its exit while the rank that failed went on to another pass
+    # over the training loader: a decision to stop taken on one rank.
+    for site in sorted({k[0] for k in keys}):
+        count = {rank: sum(p.loader["site"] == site for p in ps) for rank, ps in passes.items()}
+        for gone in sorted(failed):
+            for rank in sorted(count):
+                if rank not in failed and exits.get(rank) and count[rank] < count.get(gone, 0):
+                    return [Finding("unequal-batches", (
+                        f"rank {rank} left the training loop after {count[rank]} pass(es) over the loader made here"
+                        f" ({exits[rank]['steps']} steps) and went on to its exit, while rank {gone} began pass"
+                        f" {count[rank] + 1} and failed there: its next collective waited for rank {rank}, which had"
+                        " gone. A decision to stop (early stopping, a time limit, a NaN) taken on one rank must"
+                        " reach every rank: all-reduce it, then stop together (lesson 13b)"), site)]
+    for key in keys:
+        have = {rank: ps[key] for rank, ps in trained.items() if key in ps and not ps[key].joined}
+        done = {rank: p.batches for rank, p in have.items() if p.ended}
+        for short, n in sorted(done.items(), key=lambda item: item[1]):
+            longer = [(rank, p.batches) for rank, p in have.items() if p.batches > n]
+            if longer:
+                rank, m = longer[0]
+                return [Finding("unequal-batches", (
+                    f"rank {short} drew {n} batches in training pass {key[1]} of the loader made here, rank {rank}"
+                    f" {'drew ' + str(m) if have[rank].ended else 'was still drawing at batch ' + str(m)}: in"
+                    f" batch {n + 1} rank {rank}'s all-reduce waits for rank {short}, which has stopped: a hang"
+                    " until the collective's timeout, or a crash when it exits. Give every rank as many batches: a"
+                    " DistributedSampler (it pads the shards to one length), drop_last=True, or"
+                    " torch.distributed.algorithms.Join (lesson 11b)"), key[0])]
+    return []
+
+
+def _seeded_per_rank(samplers) -> list[Finding]:
+    """A shuffling DistributedSampler made at one site with another seed on each rank: the shards overlap."""
+    by_site = {}
+    for rank, made in sorted(samplers.items()):
+        for sampler in made.values():
+            by_site.setdefault(sampler["site"], {}).setdefault(rank, sampler)
+    for site, per_rank in by_site.items():
+        seeds = {rank: sampler["seed"] for rank, sampler in per_rank.items() if sampler["shuffle"]}
+        if len(set(seeds.values())) > 1:
+            shown = ", ".join(f"rank {rank} seed={seed}" for rank, seed in list(seeds.items())[:3])
+            return [Finding("same-samples", (
+                f"this DistributedSampler(shuffle=True) has another seed on each rank ({shown}): each rank shuffles"
+                " its own permutation and takes its shard of that, so the shards overlap: an epoch trains some"
+                " samples twice and leaves others out. Give every rank the same seed (the default, 0), and change"
+                " the order each epoch with set_epoch (lesson 05)"), site)]
+    return []
+
+
+def _same_samples(trained, samplers, nproc, events) -> list[Finding]:
+    seeded = _seeded_per_rank(samplers)
+    if seeded or len(trained) < 2:
+        return seeded
+    exits = [next((e for e in evs if e["event"] == "exit"), None) for evs in events.values()]
+    own_random = all(e and e.get("rng_per_step") for e in exits) and \
+        len({e.get("rng_first_step") for e in exits}) == len(exits)  # each rank draws its own random numbers
+    reference_rank = min(trained)
+    for key, p in trained[reference_rank].items():
+        if p.indices is None:
+            continue
+        mine = set(p.indices)
+        for rank, ps in sorted(trained.items()):
+            other = ps.get(key)
+            if rank == reference_rank or other is None or other.indices is None or \
+                    other.loader["dataset"] != p.loader["dataset"] or not mine or not other.indices:
+                continue
+            shared = len(mine & set(other.indices)) / min(len(mine), len(set(other.indices)))
+            if shared <= SAME_SAMPLES:
+                continue
+            sampler = samplers[reference_rank].get(p.loader["sampler"])
+            how = f"ranks {reference_rank} and {rank} drew {shared:.0%} of their samples in common in training" \
+                  f" pass {key[1]}"
+            length, drawn = p.loader["length"], len(p.indices)
+            share = -(-length // nproc) if length else None
+            whole = p.ended and length and drawn >= 0.9 * length
+            if sampler is None and p.ended and share and drawn <= share + (p.loader["batch_size"] or 0) \
+                    and own_random:
+                # Each rank draws its share, so the steps are a sharded epoch's, and the ranks draw their own random
+                # numbers: repeated augmentation (DeiT's RASampler), each sample augmented otherwise on each rank.
+                continue
+            if sampler is None and whole:
+                why = (f"the loader made here has no DistributedSampler ({p.loader['sampler_type']}): each rank drew"
+                       f" {drawn} of the data set's {length} samples in the pass, so an epoch is {nproc} passes over"
+                       f" the data: {nproc} times the steps of a sharded epoch ({-(-drawn // max(p.batches, 1))} a"
+                       " batch). Give it sampler=DistributedSampler(dataset) and drop shuffle=True (lesson 05)")
+            elif sampler is None:
+                why = (f"its sampler ({p.loader['sampler_type']}) draws the same samples on every rank"
+                       f"{'' if own_random else ' with the same random numbers'}: {drawn} samples drawn per rank"
+                       f"{f' of {length}' if length else ''}, so the global batch holds copies of a sample and an"
+                       " epoch covers less of the data than its steps suggest. Give every rank its own share: a"
+                       " DistributedSampler, or the sampler's own num_replicas and rank (lesson 05)")
+            elif sampler["num_replicas"] != nproc:
+                why = (f"its DistributedSampler (made at {sampler['site']}) was given num_replicas="
+                       f"{sampler['num_replicas']} in a world of {nproc}: leave num_replicas and rank out, and the"
+                       " sampler takes them from the process group (lesson 05)")
+            elif samplers[rank].get(other.loader["sampler"], {}).get("rank") == sampler["rank"]:
+                why = (f"its DistributedSampler (made at {sampler['site']}) has rank={sampler['rank']} on more than"
+                       " one rank: leave rank out, or pass dist.get_rank() (lesson 05)")
+            else:
+                why = (f"its DistributedSampler (made at {sampler['site']}) gives the ranks overlapping shards: give"
+                       " every rank the same data set, num_replicas and seed, and its own rank (lesson 05)")
+            return [Finding("same-samples", f"{how}: {why}", p.loader["site"])]
+    return []
+
+
+def _datasets_differ(events) -> list[Finding]:
+    seen = {}  # site -> {rank: fingerprint}, for the loaders with a DistributedSampler
+    for rank, evs in events.items():
+        samplers = {e["sampler"] for e in evs if e["event"] == "sampler"}
+        for e in evs:
+            if e["event"] == "loader" and e["sampler"] in samplers:
+                seen.setdefault(e["site"], {}).setdefault(rank, e["dataset"])
+    for site, prints in seen.items():
+        if len(set(prints.values())) > 1:
+            return [Finding("datasets-differ", (
+                "the data set behind this loader differs between ranks (an unseeded random_split, or data drawn"
+                " at random on each rank), so its DistributedSampler gives each rank a shard of a different data"
+                " set: some samples are trained twice, some never, and test samples can leak into training. Make"
+                " it the same everywhere: random_split(..., generator=torch.Generator().manual_seed(0)) (lesson 05)"),
+                site)]
+    return []
+
+
+def _sampler_epochs(passes, samplers) -> list[Finding]:
+    """Two training passes of a shuffling DistributedSampler at the same epoch: the same order twice."""
+    for rank in sorted(passes):
+        seen = {}  # (sampler site, seed, epoch) -> sampler id
+        for p in passes[rank]:
+            sampler = samplers[rank].get(p.loader["sampler"])
+            if not p.trained or sampler is None or not sampler["shuffle"] or p.epoch is None:
+                continue
+            key = (sampler["site"], sampler["dataset"], sampler["seed"], p.epoch)
+            if key not in seen:
+                seen[key] = sampler["sampler"]
+            elif seen[key] == sampler["sampler"]:
+                return [Finding("no-set-epoch", (
+                    f"this DistributedSampler(shuffle=True) fed two training passes at the same epoch ({p.epoch}):"
+                    " call sampler.set_epoch(epoch) before each epoch, or every epoch sees the same order (lesson"
+                    " 05)"), sampler["site"])]
+            else:
+                return [Finding("sampler-recreated", (
+                    f"a new DistributedSampler is made here for each epoch, each at epoch {p.epoch}: every epoch"
+                    " shuffles into the same order. Make it once, before the epochs, and call"
+                    " sampler.set_epoch(epoch) (lesson 05)"), sampler["site"])]
+    return []
+
+
+def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
+    """Passes with no optimizer step (evaluations), matched between ranks by their loader's site and their order
+    there, judged by what the ranks drew: shares (each rank its part of the data set), padding (a sample in two
+    ranks' shares, or twice in one), and whether the script then combined the shares with a collective before its
+    next step. Without the indices, a DistributedSampler that pads (len(data) not a multiple of the ranks)."""
+    if nproc < 2:
+        return []
+    found = []
+    evaluations = {}  # (site, k) -> {rank: pass}
+    for rank, ps in sorted(passes.items()):
+        seen = {}
+        for p in ps:
+            if p.trained or not p.batches:
+                continue
+            k = seen[p.loader["site"]] = seen.get(p.loader["site"], 0) + 1
+            evaluations.setdefault((p.loader["site"], k), {})[rank] = p
+    for (site, k), by_rank in evaluations.items():
+        first_rank = min(by_rank)
+        drawn = {rank: p.indices for rank, p in by_rank.items() if p.indices is not None and p.ended}
+        sets = {rank: set(d) for rank, d in drawn.items()}
+        if len(drawn) == len(passes) and len({frozenset(x) for x in sets.values()}) > 1 \
+                and len({p.loader["dataset"] for p in by_rank.values()}) == 1:  # shares of one data set
+            combined = _collective_after(events[first_rank], by_rank[first_rank])
+            if not combined and not any(f.code == "unreduced-evaluation" for f in found):
+                mine = len(drawn[first_rank])
+                found.append(Finding("unreduced-evaluation", (
+                    f"an evaluation pass (no optimizer step) in which each rank drew its own share ({mine} samples on"
+                    f" rank {first_rank}, {len(set().union(*sets.values()))} on the {len(drawn)} ranks together),"
+                    " and no collective of the script combined the ranks' results before the next step: what rank 0"
+                    " reports is its own share's metric. Sum the counts and totals over the ranks (dist.all_reduce),"
+                    " or evaluate the whole set on one rank (lesson 05)"), site))
+                continue
+            every = [i for d in drawn.values() for i in d]
+            repeated = len(every) - len(set(every))
+            summed = combined & {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
+            # Summed, the padding counts twice; gathered, the script holds each sample's result and can drop the
+            # padding (Accelerate's gather_for_metrics does): no claim.
+            if summed and repeated and not any(f.code == "padded-evaluation" for f in found):
+                length = by_rank[first_rank].loader["length"]
+                of = f" of {length}" if length else ""
+                found.append(Finding("padded-evaluation", (
+                    f"an evaluation pass (no optimizer step) whose shares hold {repeated} sample(s) twice: the"
+                    f" {len(drawn)} ranks drew {len(every)} indices{of}, {len(set(every))} of them different (shards"
+                    " padded to one length), so a metric summed over the ranks counts those twice. Exact: evaluate"
+                    " on one rank, or count only each sample's first appearance (lesson 05)"), site))
+            continue
+        if drawn:
+            continue  # every rank the same samples (each evaluates all), or one rank alone: nothing padded
+        p = by_rank[first_rank]
+        sampler = samplers[first_rank].get(p.loader["sampler"])
+        if sampler is None or sampler["drop_last"] or any(f.code == "padded-evaluation" for f in found):
+            continue
+        length, replicas = sampler["length"], sampler["num_replicas"]
+        padded = -length % replicas
+        if padded:
+            found.append(Finding("padded-evaluation", (
+                f"an evaluation pass (no optimizer step) over a DistributedSampler of {length} samples on"
+                f" {replicas} ranks: it pads the shards to {(length + padded) // replicas} each by repeating"
+                f" {padded} sample(s), so a metric summed over the ranks counts them twice. Exact: evaluate"
+                " on one rank, or count only each sample's first appearance (lesson 05)"), site))
+    return found
+
+
+def _collective_after(events, p) -> set:
+    """The collectives (their ops) the script made after pass P's last batch, before the next optimizer step (or the
+    end): how the ranks' shares were combined, if at all."""
+    last = max((i for i, e in enumerate(events) if e["event"] in ("batch", "pass_end")
+                and e.get("loader") == p.loader["loader"] and e.get("number") == p.number), default=None)
+    if last is None:
+        return set()
+    steps, ops = events[last].get("steps", 0), set()
+    for e in events[last + 1:]:
+        if e["event"] == "collective":
+            ops.add(e["op"])
+        if e.get("steps", steps) > steps:
+            break
+    return ops
+
+
+RULES = [
+    Rule(("unequal-batches",), DATA_EVENTS + ("exit",), lambda f: _unequal_batches(f.trained, f.passes, f.events,
+                                                                                     f.failed)),
+    Rule(("same-samples",), DATA_EVENTS + ("exit",), lambda f: _same_samples(f.trained, f.samplers, f.nproc,
+                                                                               f.events)),
+    Rule(("datasets-differ",), ("sampler", "loader"), lambda f: _datasets_differ(f.events)),
+    Rule(("no-set-epoch", "sampler-recreated"), DATA_EVENTS, lambda f: _sampler_epochs(f.passes, f.samplers)),
+    Rule(("padded-evaluation", "unreduced-evaluation"), DATA_EVENTS + ("collective",),
+         lambda f: _evaluations(f.passes, f.samplers, f.nproc, f.events)),
+]
