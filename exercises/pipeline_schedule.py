@@ -7,7 +7,8 @@ m. 1F1B: fill the pipeline with a few forwards, then alternate one forward and o
 backwards, so that stage s never holds more than min(microbatches, num_stages - s) micro-batches' activations.
 
 The check reads every stage's order at 2 and 4 stages and names the mistake (a deadlock, a backward before its
-forward, a micro-batch lost or run twice, GPipe's memory); then it runs your orders on real ranks with send/recv
+forward, a micro-batch lost or run twice, GPipe's memory, an order that takes longer than 1F1B's
+2(M + N - 1) steps: the stages must overlap); then it runs your orders on real ranks with send/recv
 and compares every stage's gradients with one process.
 
 Check it:   python -m lessons check pipeline_schedule

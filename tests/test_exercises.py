@@ -78,10 +78,12 @@ MISTAKE_HINTS = [
     ("convert_to_ddp", "convert_to_ddp_no_set_epoch.py", "saw epoch 1 in epoch 0's order with 2 ranks"),
     ("unpadded_eval", "unpadded_eval_mean_of_accuracies.py", "an average of per-rank accuracies"),
     ("resume", "resume_no_barrier.py", "read the checkpoint before rank 0 had written it"),
-    ("resume", "resume_restarts_the_epoch.py", "stopped at epoch 0 step 2 (2 steps) and resumed, trained 2 batch(es) "
+    ("resume", "resume_restarts_the_epoch.py", "stopped at epoch 1 step 2 (8 steps) and resumed, trained 2 batch(es) "
      "twice: the resumed run must start at the checkpoint's epoch and skip the steps it says are done"),
-    ("resume", "resume_skips_every_epoch.py", "stopped at epoch 0 step 2 (2 steps) and resumed, skipped the first 2 "
-     "steps of every epoch after it too (4 batches never trained): skip steps only in the epoch the checkpoint was"),
+    ("resume", "resume_starts_at_epoch_0.py", "stopped at epoch 1 step 2 (8 steps) and resumed, trained 6 batch(es) "
+     "twice: the resumed run must start at the checkpoint's epoch"),
+    ("resume", "resume_skips_every_epoch.py", "stopped at epoch 1 step 2 (8 steps) and resumed, skipped the first 2 "
+     "steps of every epoch after it too (2 batches never trained): skip steps only in the epoch the checkpoint was"),
     ("resume", "resume_map_location_empty.py", "torch.load(map_location={}) with 2 ranks would put a tensor saved "
      "from cuda:0 on cuda:0, not on this rank's device (cpu)"),
     ("no_sync", "no_sync_loss_not_divided.py", "gradient 3x too large (3 ranks, k = 3)"),
@@ -98,6 +100,9 @@ MISTAKE_HINTS = [
     ("pipeline_schedule", "pipeline_drain_one_short.py", "stage 0 never runs the backward of micro-batch 3"),
     ("pipeline_schedule", "pipeline_gpipe_order.py", "stage 0 holds 4 micro-batches' activations at its peak with 2 "
      "stages and 4 micro-batches; 1F1B holds at most min(microbatches, num_stages - stage) = 2"),
+    ("pipeline_schedule", "pipeline_no_warmup.py", "the stages take 16 steps with 2 stages and 4 micro-batches where "
+     "1F1B takes 10 (a forward and a backward one step each): the pipeline is idle 0.50 of the time, 1F1B's bubble "
+     "(N - 1)/(M + N - 1) = 0.20: no warm-up: the stages never overlap"),
 ]
 
 

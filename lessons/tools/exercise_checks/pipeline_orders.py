@@ -3,6 +3,9 @@
 A forward of micro-batch m on stage s waits for stage s-1's forward of m (it receives its output); a backward waits
 for stage s+1's backward of m (its gradient); sends never wait (isend). Pure Python, no torch: the exercise check
 names a mistake from the orders alone, in a fraction of a second, before it launches ranks to run a right one.
+Its length too: with a forward and a backward taking one step each, 1F1B runs M micro-batches on N stages in
+2(M + N - 1) steps, idle a fraction (N - 1)/(M + N - 1) of them (the bubble); an order that takes longer is named,
+with its own bubble.
 """
 
 
@@ -71,7 +74,39 @@ def order_mistake(orders: list, microbatches: int) -> str | None:
             return (f"stage {s} holds {peak} micro-batches' activations at its peak {where}; 1F1B holds at most "
                     f"min(microbatches, num_stages - stage) = {limit}: run each backward as soon as you can (all "
                     "forwards first is GPipe, whose memory grows with the micro-batches)")
+    steps, best = schedule_length(orders), 2 * (microbatches + stages - 1)
+    if steps > best:
+        warmups = [next((i for i, (kind, _) in enumerate(order) if kind == "B"), len(order)) for order in orders]
+        short = [s for s in range(stages) if warmups[s] < min(microbatches, stages - s)]
+        why = ("no warm-up: the stages never overlap, each micro-batch goes through every stage and back before the"
+               " next starts" if all(w == 1 for w in warmups) else
+               f"stage {short[0]} runs {warmups[short[0]]} forward(s) before its first backward, 1F1B"
+               f" {min(microbatches, stages - short[0])}" if short else "a stage waits where 1F1B's does not")
+        return (f"the stages take {steps} steps {where} where 1F1B takes {best} (a forward and a backward one step"
+                f" each): the pipeline is idle {1 - 2 * microbatches / steps:.2f} of the time, 1F1B's bubble"
+                f" (N - 1)/(M + N - 1) = {(stages - 1) / (microbatches + stages - 1):.2f}: {why}. Warm up with"
+                " num_stages - 1 - stage forwards, then alternate one forward and one backward")
     return None
+
+
+def schedule_length(orders: list) -> int:
+    """The steps the stages take, each running its order as soon as what it waits for is done (a forward for the
+    previous stage's forward of its micro-batch, a backward for the next stage's backward), one step an op."""
+    stages, finished = len(orders), {}
+    position, free = [0] * stages, [0] * stages
+    while any(position[s] < len(orders[s]) for s in range(stages)):
+        for s in range(stages):
+            while position[s] < len(orders[s]):
+                kind, m = orders[s][position[s]]
+                needs = (s - 1, "F", m) if kind == "F" else (s + 1, "B", m)
+                if not 0 <= needs[0] < stages:
+                    needs = (s, "F", m) if kind == "B" else None  # the last stage's backward follows its forward
+                if needs is not None and needs not in finished:
+                    break
+                begin = max(free[s], finished[needs] if needs else 0)
+                finished[(s, kind, m)] = free[s] = begin + 1
+                position[s] += 1
+    return max(free)
 
 
 def check_file(path: str, cases=((2, 4), (4, 4), (4, 8))) -> str | None:

@@ -2,8 +2,8 @@
 backwards one pipeline stage runs.
 
 Before any launch (lessons/tools/check.py) the orders of every stage are read at 2 and 4 stages: a micro-batch lost
-or run twice, a backward before its forward, a deadlock, more activations held than 1F1B holds
-(pipeline_orders.py). Here, on real ranks: each stage runs its order with send/recv (a stage of a seeded MLP per
+or run twice, a backward before its forward, a deadlock, more activations held than 1F1B holds, more steps
+than 1F1B takes (pipeline_orders.py). Here, on real ranks: each stage runs its order with send/recv (a stage of a seeded MLP per
 rank, 4 micro-batches), and its gradients must equal the whole MLP's in one process, at 2 and 4 stages.
 """
 import copy
@@ -66,7 +66,7 @@ def main():
             fail(f"stage {rank}'s gradients differ from one process's by {diff:.2g} with {n} stages: every micro-batch's"
                  " loss counts 1/M of the batch's, once")
     passed(f"2 and 4 stages, {MICROBATCHES} micro-batches: no deadlock, every micro-batch once, at most N - s "
-           "activations held on stage s, and every stage's gradients equal one process's")
+           "activations held on stage s, as few steps as 1F1B, and every stage's gradients equal one process's")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ At 2 and 3 ranks: an uninterrupted run, and a run that saves at epoch 1 step 2, 
 *different* model and optimizer, loads, and finishes. The resumed parameters must hash like the uninterrupted
 ones. torch.save and torch.load are watched: who wrote (rank 0 only; its write is made slow, so a rank that
 reads without waiting for it fails), and torch.load's arguments (a map_location; weights_only not turned off).
-Then the learner's own train_loop, which owns the loop: stopped in epoch 0 of 3 and resumed by a new model, the
-batches it trains must be those of an epoch loop with set_epoch, none twice, none skipped, in order. A checkpoint
+Then the learner's own train_loop, which owns the loop: stopped in epoch 1 of 3 (the middle one) and resumed by a new
+model, the batches it trains must be those of an epoch loop with set_epoch, none twice, none skipped, in order: a
+resume that starts again at epoch 0 trains an epoch twice, one that skips the done steps in every epoch leaves some
+out. A checkpoint
 written to a temporary file (a path or a file object) and renamed onto the path counts as a write of the path.
 """
 import hashlib
@@ -140,7 +142,8 @@ def train(model, optimizer, begin=(0, 0), stop_at=None, learner=None, path=None)
 
 
 LOOP_SAMPLES, LOOP_BATCH, LOOP_EPOCHS = 24, 2, 3  # 6 steps an epoch at 2 ranks, 4 at 3
-LOOP_STOP = 2  # stopped at epoch 0 step 2: two epochs follow the interrupted one, where nothing may be skipped
+LOOP_STOP = (1, 2)  # stopped at epoch 1 step 2: an epoch before it (a resume must not train it again) and one
+# after it (where nothing may be skipped)
 
 
 class StopHere(Exception):
@@ -197,16 +200,17 @@ def check_learner_loop(learner, workdir, n, where):
         fail(f"train_loop's uninterrupted run trained other batches than an epoch loop {where} (the first "
              f"difference at batch {first_difference(straight, expected)}): call sampler.set_epoch(epoch) at the "
              "start of every epoch, and train every batch of the loader once")
-    path, stop_after = workdir / f"loop_{n}.pt", LOOP_STOP
+    stop_epoch, stop_step = LOOP_STOP
+    path, stop_after = workdir / f"loop_{n}.pt", stop_epoch * per_epoch + stop_step
     before, _ = run_learner_loop(learner, 0, path, stop_after=stop_after)
     after, resumed_model = run_learner_loop(learner, 1, path)  # a different start: only the checkpoint can fix it
-    trained, stop = before + after, f"stopped at epoch 0 step {LOOP_STOP} ({stop_after} steps)"
+    trained, stop = before + after, f"stopped at epoch {stop_epoch} step {stop_step} ({stop_after} steps)"
     if len(trained) > len(expected):
         fail(f"train_loop {where}, {stop} and resumed, trained {len(trained) - len(expected)} batch(es) twice: "
              "the resumed run must start at the checkpoint's epoch and skip the steps it says are done")
-    every_epoch = [b for i, b in enumerate(expected) if i < LOOP_STOP or i % per_epoch >= LOOP_STOP]
+    every_epoch = [b for i, b in enumerate(expected) if i < stop_after or i % per_epoch >= stop_step]
     if trained == every_epoch:
-        fail(f"train_loop {where}, {stop} and resumed, skipped the first {LOOP_STOP} steps of every epoch after it "
+        fail(f"train_loop {where}, {stop} and resumed, skipped the first {stop_step} steps of every epoch after it "
              f"too ({len(expected) - len(trained)} batches never trained): skip steps only in the epoch the "
              "checkpoint was saved in (if epoch == start_epoch and step < start_step)")
     if len(trained) < len(expected):
