@@ -1,9 +1,5 @@
-"""Shared by every lesson script: pick backend + device, and exit cleanly.
-
-Import it *before* ``dist.init_process_group``. Without it about 1 DDP launch in 10 on a 2-core
-machine died at exit (SIGABRT, "terminate called without an active exception"): gloo threads of a
-group that outlived ``destroy_process_group()`` ran into Python's shutdown. Fixes (a), (b), (c) below;
-the whole story and its check: notebooks/99_appendix_under_the_hood.ipynb, section 5.
+"""Shared by every lesson script: pick backend + device, and exit cleanly. Import it *before* init_process_group:
+without (a), (b), (c) below about 1 gloo launch in 10 died at exit (SIGABRT): notebooks/99_appendix_under_the_hood.
 """
 import atexit
 import gc
@@ -27,13 +23,18 @@ atexit.register(release_process_groups)
 
 
 def backend_and_device() -> tuple[str, torch.device]:
-    """nccl + cuda:LOCAL_RANK when every rank on this machine has a GPU; else gloo + CPU."""
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= ranks_here:
-        torch.cuda.set_device(local_rank)  # before anything touches CUDA, or every rank starts on GPU 0
-        return "nccl", torch.device("cuda", local_rank)
-    if torch.cuda.is_available():  # GPUs, but fewer than ranks: say so, don't fall back silently
-        print(f"{torch.cuda.device_count()} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU",
-              file=sys.stderr)
+    """nccl and the rank's own GPU (cuda:LOCAL_RANK, or the one a launcher shows it), else gloo and the CPU.
+    DDP_BACKEND=nccl|gloo chooses for every node alike (GPU_DAY_ONE.md)."""
+    local_rank, ranks_here = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    own_gpu = local_rank if gpus >= ranks_here else 0 if gpus == 1 and visible and "," not in visible else None
+    backend = os.environ.get("DDP_BACKEND") or ("nccl" if own_gpu is not None else "gloo")
+    if backend == "nccl" and own_gpu is not None:
+        torch.cuda.set_device(own_gpu)  # before anything touches CUDA, or every rank starts on GPU 0
+        return "nccl", torch.device("cuda", own_gpu)
+    if backend != "gloo":
+        sys.exit(f"DDP_BACKEND={backend}, {gpus} GPU(s) for {ranks_here} ranks here: nccl needs one a rank, gloo none")
+    if gpus and "DDP_BACKEND" not in os.environ:  # GPUs, but not one per rank: say so, never silently
+        print(f"{gpus} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU", file=sys.stderr)
     return "gloo", torch.device("cpu")

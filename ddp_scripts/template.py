@@ -28,6 +28,24 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset, TensorDatas
 atexit.register(gc.collect)  # with the import above: the DDP model's cycle and its group go before Python does
 
 
+def backend_and_device():
+    """nccl and the rank's own GPU (cuda:LOCAL_RANK, or the one a launcher shows it), else gloo and the CPU.
+    DDP_BACKEND=nccl|gloo chooses for every node alike (GPU_DAY_ONE.md)."""
+    local_rank, ranks_here = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    own_gpu = local_rank if gpus >= ranks_here else 0 if gpus == 1 and visible and "," not in visible else None
+    backend = os.environ.get("DDP_BACKEND") or ("nccl" if own_gpu is not None else "gloo")
+    if backend == "nccl" and own_gpu is not None:
+        torch.cuda.set_device(own_gpu)  # before anything touches CUDA, or every rank lands on GPU 0 (lesson 04)
+        return "nccl", torch.device("cuda", own_gpu)
+    if backend != "gloo":
+        sys.exit(f"DDP_BACKEND={backend}, {gpus} GPU(s) for {ranks_here} ranks here: nccl needs one a rank, gloo none")
+    if gpus and "DDP_BACKEND" not in os.environ:  # GPUs, but not one per rank: say so, never silently
+        print(f"{gpus} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU", file=sys.stderr)
+    return "gloo", torch.device("cpu")
+
+
 class Model(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -66,16 +84,11 @@ def main():
     args = parser.parse_args()
 
     # Under torchrun RANK is set: one process per device. With plain python: one process, no group (lesson 04).
-    distributed, local_rank = "RANK" in os.environ, int(os.environ.get("LOCAL_RANK", 0))
-    gpus, ranks_here = torch.cuda.device_count(), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    device = torch.device("cuda", local_rank) if gpus >= ranks_here else torch.device("cpu")  # a GPU for each rank
-    if device.type == "cuda":
-        torch.cuda.set_device(device)  # before anything touches CUDA, or every rank lands on GPU 0 (lesson 04)
-    elif gpus:  # fewer GPUs than ranks here (NCCL refuses two ranks on one GPU): gloo on the CPU, and say so
-        print(f"{gpus} GPU(s) for {ranks_here} ranks on this machine: using gloo on the CPU", file=sys.stderr)
+    distributed = "RANK" in os.environ
+    backend, device = backend_and_device()
     if distributed:  # device_id: nccl connects now; timeout: a rank that never comes fails, not hangs (lesson 11)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(
-            seconds=args.timeout), device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout),
+                                device_id=device if device.type == "cuda" else None)
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
 
@@ -149,6 +162,8 @@ def main():
         if args.checkpoint and distributed:
             dist.barrier()  # nobody moves on (or exits) before the checkpoint is whole
 
+    for buffer in plain.buffers() if distributed else []:  # each rank's BatchNorm statistics: rank 0's to all (05)
+        dist.broadcast(buffer, src=0)
     plain.eval()
     correct = torch.zeros(2, device=device)  # correct, seen
     with torch.no_grad():

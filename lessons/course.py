@@ -127,10 +127,10 @@ LESSONS = [
            " ranks; `@record` and torchrun's error files; the teardown bug, its fix and the probe that checks it"),
 ]
 FULL = [lesson.name for lesson in LESSONS]
-# For a deadline: your own script on N devices, then the rest of the loop around it.
+# The essentials: your own script on N devices, then the rest of the loop around it.
 FAST = ["00_start_here", "04_ddp_training", "05_distributed_sampler", "07_checkpoints", "11_debugging",
         "14_your_own_script", "14b_the_ddp_doctor", "13_training_loop", "13b_stopping_lr_and_compile"]
-# To your own script on N devices: the template, and the doctor.
+# On a deadline (the one route the README and lesson 00 give): the template, and the doctor.
 SHORTEST = ["00_start_here", "14_your_own_script", "14b_the_ddp_doctor"]
 
 # --- How long ------------------------------------------------------------------------------------------------------
@@ -198,7 +198,9 @@ def tracks() -> str:
     fast = " → ".join(f"`{name}`" for name in FAST)
     how = ", ".join(lesson.name.split("_")[0] for lesson in LESSONS if lesson.how_it_works)
     return "\n".join([
-        wrapped(f"- **Fast track**, for a deadline: {fast} (your script on N devices, then mixed precision, clipping, "
+        wrapped(f"- **On a deadline**: {' → '.join(f'`{name}`' for name in SHORTEST)}: your own script on N devices,"
+                " checked by the doctor. Then the fast track's other lessons, as time allows.", "  "),
+        wrapped(f"- **Fast track**, the essentials: {fast} (your script on N devices, then mixed precision, clipping, "
                 f"early stopping, `torch.compile`).", "  "),
         wrapped(f"- **Full track**: every lesson in order, {FULL[0][:2]} → {FULL[-2][:2]} (each `NNb` after its "
                 f"`NN`), "

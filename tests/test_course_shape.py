@@ -153,11 +153,17 @@ def test_no_two_notebooks_name_the_same_scratch_path():
     assert shared == {}, f"scratch paths named by more than one notebook: {shared}"
 
 
-def test_lesson_00_full_track_reaches_the_last_lessons():
-    """Lesson 00's "Where to go next" once ended the full track at 14b: it must name the lessons before the
-    appendix, so a new last lesson is added there too."""
+def test_one_route_for_a_deadline():
+    """Issue 52: the README offered two answers to "I have a deadline" (00 -> 14 -> 14b, and the 9-lesson fast track
+    labelled "for a deadline"), and lesson 00 a third list of its own (which once ended the full track at 14b). Now
+    the README's generated list gives one deadline route, SHORTEST, lesson 00's "Where to go next" names the same
+    lessons and lists no track of its own (its Next cell names each track's next lesson)."""
+    from lessons.course import SHORTEST
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("**On a deadline**") == 1 and "Fast track**, for a deadline" not in readme
+    route = readme.split("**On a deadline**")[1].split("\n- ")[0]
+    assert [name for name in FULL if f"`{name}`" in route] == SHORTEST
     notebook = ROOT / "notebooks" / "00_start_here.ipynb"
-    section = "".join(text(cell) for cell in cells(notebook)).split("Where to go next")[1]
-    full = section.split("**Full track**")[1].split("\n- ")[0]
-    for name in FULL[-3:-1]:
-        assert f"→ {name.split('_')[0]}" in full, f"lesson 00's full track leaves out {name}"
+    section = "".join(text(cell) for cell in cells(notebook)).split("Where to go next")[1].split("## What to remember")[0]
+    assert "deadline" in section and [name for name in FULL if f"{name}.ipynb" in section] == SHORTEST[1:]
+    assert "**Fast track**" not in section and "**Full track**" not in section

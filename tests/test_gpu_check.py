@@ -171,34 +171,64 @@ def test_the_report_is_written_after_each_notebook(tmp_path):
 
 # --- The scripts that choose a device: a GPU for each rank, else gloo on the CPU (issue 45) --------------------------
 
-def load_ddp_common():
-    """ddp_scripts/ddp_common.py as a module of its own (the scripts import it by their folder on sys.path)."""
+def load_script(name):
+    """A file of ddp_scripts/ as a module of its own (the scripts import ddp_common by their folder on sys.path; the
+    template's main() runs only as __main__)."""
     import importlib.util
     from conftest import SCRIPTS
-    spec = importlib.util.spec_from_file_location("ddp_common_under_test", SCRIPTS / "ddp_common.py")
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-@pytest.mark.parametrize("gpus, ranks, expected", [(0, 2, "gloo cpu"), (1, 4, "gloo cpu"), (1, 2, "gloo cpu"),
-                                                   (2, 2, "nccl cuda:1"), (8, 4, "nccl cuda:1")])
-def test_a_rank_gets_a_gpu_only_when_every_rank_here_has_one(monkeypatch, capsys, gpus, ranks, expected):
+def load_ddp_common():
+    return load_script("ddp_common")
+
+
+RULE_CASES = [  # GPUs this rank sees, ranks on this machine, CUDA_VISIBLE_DEVICES, DDP_BACKEND -> choice (LOCAL_RANK 1)
+    (0, 2, None, None, "gloo cpu"), (1, 4, None, None, "gloo cpu"), (1, 2, None, None, "gloo cpu"),
+    (2, 2, None, None, "nccl cuda:1"), (8, 4, None, None, "nccl cuda:1"), (2, 2, "0,1", None, "nccl cuda:1"),
+    (1, 2, "1", None, "nccl cuda:0"),  # the launcher showed this rank its own GPU: device_count() is 1
+    (1, 2, "GPU-6f1c", None, "nccl cuda:0"),  # a UUID, as Slurm may give
+    (2, 4, "0,1", None, "gloo cpu"),  # two visible, four ranks: not one each
+    (0, 2, None, "gloo", "gloo cpu"), (2, 2, None, "gloo", "gloo cpu"),  # chosen for every node: no fallback line
+    (2, 2, None, "nccl", "nccl cuda:1"), (1, 2, "1", "nccl", "nccl cuda:0"),
+    (1, 2, None, "nccl", "DDP_BACKEND=nccl, 1 GPU(s) for 2 ranks here: nccl needs one a rank, gloo none"),
+    (0, 2, None, "mpi", "DDP_BACKEND=mpi, 0 GPU(s) for 2 ranks here: nccl needs one a rank, gloo none"),
+]
+
+
+@pytest.mark.parametrize("script", ["ddp_common", "template"])
+@pytest.mark.parametrize("gpus, ranks, visible, chosen_backend, expected", RULE_CASES)
+def test_a_rank_gets_a_gpu_only_when_it_has_one_of_its_own(monkeypatch, capsys, script, gpus, ranks, visible,
+                                                            chosen_backend, expected):
     """The fewer-GPUs-than-ranks machine (a 1-GPU laptop, 4 ranks) falls back to the CPU and says so in the line
-    gpu-check reads; a GPU per rank gets cuda:LOCAL_RANK and set_device. Torch cannot fake a device count in a
-    launch, so the device count is faked here, in the one function every such script calls."""
-    ddp_common = load_ddp_common()
+    gpu-check reads; a GPU per rank gets cuda:LOCAL_RANK and set_device; a rank shown only its own GPU (one device in
+    CUDA_VISIBLE_DEVICES, so device_count() is 1) uses it; DDP_BACKEND decides for every node alike, and a choice
+    that cannot run is one line. Torch cannot fake a device count in a launch, so the count is faked here, in the
+    one function every such script calls, and in the template's copy of it (the same rule, the same table)."""
+    module = load_script(script)
     chosen = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(ranks))
-    backend, device = ddp_common.backend_and_device()
+    for name, value in (("CUDA_VISIBLE_DEVICES", visible), ("DDP_BACKEND", chosen_backend)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    try:
+        backend, device = module.backend_and_device()
+    except SystemExit as stop:
+        assert str(stop) == expected and chosen == []
+        return
     assert f"{backend} {device}" == expected
     said = capsys.readouterr().err
-    assert bool(gpu_check.FELL_BACK.search(said)) == (0 < gpus < ranks), said
-    assert chosen == ([1] if backend == "nccl" else [])
+    assert bool(gpu_check.FELL_BACK.search(said)) == (backend == "gloo" and gpus > 0 and not chosen_backend), said
+    assert chosen == ([device.index] if backend == "nccl" else [])
 
 
 def test_every_script_that_may_use_a_gpu_chooses_it_by_the_one_rule():
@@ -212,8 +242,8 @@ def test_every_script_that_may_use_a_gpu_chooses_it_by_the_one_rule():
         if script.name not in ("ddp_common.py", "template.py"):
             assert "torch.cuda.set_device(" not in code and 'accelerator="gpu" if torch.cuda.is_available()' not in text and \
                 "Accelerator(cpu=not torch.cuda.is_available())" not in text, script.name
-    template = (SCRIPTS / "template.py").read_text()
-    assert "gpus, ranks_here = torch.cuda.device_count()" in template and "if gpus >= ranks_here" in template
+    template = (SCRIPTS / "template.py").read_text()  # its copy of the rule is tested with ddp_common's, above
+    assert "backend, device = backend_and_device()" in template
     launched = {script for script, _, _ in gpu_check.SCRIPT_RUNS}
     assert launched == {"digits_accelerate.py", "digits_lightning.py", "device_mesh_tour.py", "hsdp.py",
                         "tensor_parallel.py", "layouts.py"}

@@ -54,7 +54,8 @@ def test_template_one_process_resumes_exactly_and_matches_two_ranks_with_half_th
 def test_template_is_self_contained_and_short():
     text = TEMPLATE.read_text()
     assert "ddp_common" not in text and "lessons" not in text.replace("lesson ", "")
-    assert len(text.splitlines()) <= 170
+    # 170 lines until its GPU rule (a function, tested with ddp_common's) and the evaluation's buffers (issue 52)
+    assert len(text.splitlines()) <= 185
     for pattern in ("@record", "set_device", "device_id=", "timeout=", "set_epoch", "no_sync", "convert_sync_batchnorm",
                     "torch.autocast", "torch.compile", "map_location=device, weights_only=True", "os.replace",
                     "destroy_process_group"):
