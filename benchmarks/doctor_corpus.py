@@ -150,6 +150,15 @@ PUBLIC = {  # by a part of public_scripts.SCRIPTS' name: the labels, from readin
     "mnist/main.py": {"codes": ["no-set-epoch", "no-destroy"], "compare": "same"},
     "nanoGPT train.py": {"codes": [], "compare": "none"},
     "stanford_alpaca train.py": {"codes": ["same-random-state"], "compare": "differ"},
+    "NVlabs/edm train.py": {"codes": ["no-destroy"], "compare": "differ"},  # each rank its own noise, by design
+    "tczhangzhi/pytorch-distributed": {"codes": ["padded-evaluation", "no-destroy"], "compare": "differ"},  # BN
+    "Swin-Transformer main.py": {"codes": ["padded-evaluation", "no-destroy"], "compare": "none"},  # resumes
+    "train_fsdp.py (FSDP1)": {"codes": ["no-set-epoch", "no-destroy"], "compare": "differ"},  # unseeded init
+    "nautilus_tutorial mnist_ddp.py": {"codes": ["same-random-state", "no-destroy"], "compare": "differ"},
+    "DDP-script-torchrun.py": {"codes": ["unreduced-evaluation"], "compare": "same",
+                               # two processes claim rank 0: the group never forms (a hang, cut at 60 s)
+                               "nodes_codes": ["rank-from-local-rank"], "nodes_status": 2,
+                               "nodes_doctor": ["--timeout", "60"]},
 }
 
 
@@ -231,7 +240,8 @@ def main() -> int:
             if label:
                 runs.append(({**label, "script": script["name"]}, script))
                 if "nodes_codes" in label:
-                    runs.append(({"codes": label["nodes_codes"], "script": script["name"], "nproc": 1, "nodes": 2},
+                    runs.append(({"codes": label["nodes_codes"], "script": script["name"], "nproc": 1, "nodes": 2,
+                                  "status": label.get("nodes_status"), "doctor": label.get("nodes_doctor", [])},
                                  script))
     totals = {"tp": 0, "fp": 0, "fn": 0, "right": 0, "wrong": 0, "seconds": 0.0, "cases": 0, "failed": 0}
     print("| case | found | missed | false alarms | --compare | exit | s | right |")

@@ -15,12 +15,15 @@ A benchmark, not a test: the seconds vary with the machine's load. The results g
 Some scripts need packages the course does not install ("needs"); give --python a Python that has them and sees the
 course, for example a venv whose .pth line is `import site; site.addsitedir(".venv/lib/python3.X/site-packages")`
 (absolute) with `uv pip install --no-deps timm huggingface_hub==0.26.5 safetensors pyyaml jsonargparse
-docstring-parser typeshed-client transformers==4.46.3 tokenizers==0.20.3 regex` in it, and run this file with that
-Python too (a tiny GPT-2 is made with its transformers). Data is never downloaded: "prepare" writes tiny stand-ins
-where the script looks for its files (MNIST's raw files, a folder of images, token ids, a model and its tokenizer),
-so the script's own download code finds them present and skips the download. "fresh" names the folders a script resumes from, removed before each run; "nodes" adds a run with
-`-n 1 --nodes 2` (mistakes that show from the second node on). A source missing from SOURCES_DIR is a row that says
-so. Extract one at its commit from a clone with `git archive COMMIT | tar -x -C SOURCES_DIR/owner+name`.
+docstring-parser typeshed-client transformers==4.46.3 tokenizers==0.20.3 regex openai==0.28.1 click yacs
+termcolor tqdm` in it, and run this file with that Python too (a tiny GPT-2 is made with its transformers). Data
+is never downloaded: "prepare" writes tiny stand-ins where the script looks for its files (MNIST's raw files, a folder of
+images, ImageNet's train/val folders, token ids, a model and its tokenizer), so the script's own download code finds
+them present and skips the download. "fresh" names the folders a script resumes from, removed before each run;
+"nodes" adds a run with `-n 1 --nodes 2` (mistakes that show from the second node on). A source missing from
+SOURCES_DIR is a row that says so. Extract one at its commit from a clone with `git archive COMMIT | tar -x -C
+SOURCES_DIR/owner+name` (a mirror without some large files: `git archive COMMIT -- PATHS`, the paths whose objects
+it has).
 """
 import argparse
 import contextlib
@@ -141,6 +144,150 @@ SCRIPTS = [
              " backward (right; one seed everywhere gives the same start); no sampler.set_epoch: every epoch the"
              " same order; MNIST downloaded on every rank; every rank evaluates the whole test set and prints"
              " its own metrics; no destroy_process_group"},
+    {'name': 'NVlabs/edm train.py (InfiniteSampler)',
+     'repo': 'NVlabs/edm',
+     'commit': '008a4e5316c8e3bfe61a62f874bddba254295afb',
+     'path': 'train.py',
+     'folder': '.',
+     'patch': 'NVlabs+edm__train.patch',
+     'args': ['--outdir=out',
+              '--data=data',
+              '--arch=ddpmpp',
+              '--cbase=8',
+              '--cres=1',
+              '--batch=64',
+              '--batch-gpu=32',
+              '--duration=0.001',
+              '--tick=1',
+              '--snap=1',
+              '--dump=1',
+              '--seed=0',
+              '--workers=1',
+              '--bench=False',
+              '--lr=10'],
+     'needs': ['click', 'psutil'],
+     'fresh': ['out'],
+     'prepare': ['images', 'data', {'classes': 2, 'per_class': 8, 'size': 8}],
+     'read': 'its own sampler (torch_utils/misc.py InfiniteSampler): one shuffled order from the same seed on every '
+             'rank, position idx to rank idx % num_replicas, endless (no __len__, no set_epoch needed): disjoint '
+             'shares (right); a seed per rank (seed * world + rank) for the noise, augmentation and dropout, DDP '
+             "broadcasts rank 0's weights; accumulation under no_sync (misc.ddp_sync); snapshots and state on rank 0 "
+             'only; no destroy_process_group. --lr=10: the lr ramps up over 10 Mimg (lr_rampup_kimg, no flag), so a '
+             "1 kimg run peaks at 1e-3, EDM's own lr. The patch also drops Sampler.__init__(dataset) (gone in torch "
+             '2.x)'},
+    {'name': 'tczhangzhi/pytorch-distributed distributed.py',
+     'repo': 'tczhangzhi/pytorch-distributed',
+     'commit': 'cd12856420858b14e02873e7d5c8cc7bb5aab5b0',
+     'path': 'distributed.py',
+     'patch': 'tczhangzhi+pytorch-distributed__distributed.patch',
+     'args': ['--data', 'data', '-a', 'resnet18', '--epochs', '1', '-b', '16', '-p', '1'],
+     'prepare': ['train_val',
+                 'data',
+                 {'train': {'classes': 4, 'per_class': 8, 'size': 40},
+                  'val': {'classes': 3, 'per_class': 3, 'size': 40}}],
+     'read': "its world size is torch.cuda.device_count() (args.nprocs: the per-rank batch and reduce_mean's "
+             "divisor; right on one node only) and its rank --local_rank (torch.distributed.launch's); the "
+             'validation runs on a DistributedSampler (padded shards: 9 images on 2 ranks count one twice) and '
+             "averages each batch's accuracy with reduce_mean; a save on local_rank 0 (one per node); set_epoch "
+             "(right); no destroy_process_group; ResNet's BatchNorm statistics per rank (no SyncBN). The patch also "
+             "takes --local_rank's default from LOCAL_RANK (torchrun passes no --local_rank), device_count from "
+             'LOCAL_WORLD_SIZE, and .view(-1) -> .reshape(-1) in accuracy() (newer torch)'},
+    {'name': 'microsoft/Swin-Transformer main.py (auto-resume)',
+     'repo': 'microsoft/Swin-Transformer',
+     'commit': 'f82860bfb5225915aca09c3227159ee9e1df874d',
+     'path': 'main.py',
+     'folder': '.',
+     'patch': 'microsoft+Swin-Transformer__main.patch',
+     'needs': ['timm', 'yacs', 'termcolor'],
+     'args': ['--cfg',
+              'configs/swin/swin_tiny_patch4_window7_224.yaml',
+              '--data-path',
+              'imagenet',
+              '--batch-size',
+              '4',
+              '--accumulation-steps',
+              '2',
+              '--output',
+              'out',
+              '--tag',
+              'tiny',
+              '--opts',
+              'DATA.IMG_SIZE',
+              '32',
+              'DATA.NUM_WORKERS',
+              '0',
+              'MODEL.SWIN.EMBED_DIM',
+              '16',
+              'MODEL.SWIN.DEPTHS',
+              '[1,1]',
+              'MODEL.SWIN.NUM_HEADS',
+              '[1,2]',
+              'MODEL.SWIN.WINDOW_SIZE',
+              '4',
+              'TRAIN.EPOCHS',
+              '2',
+              'TRAIN.WARMUP_EPOCHS',
+              '0',
+              'TRAIN.LR_SCHEDULER.NAME',
+              'linear',
+              'TRAIN.BASE_LR',
+              '0.5',
+              'PRINT_FREQ',
+              '1'],
+     'fresh': ['out'],
+     'prepare': ['train_val',
+                 'imagenet',
+                 {'train': {'classes': 2, 'per_class': 16, 'size': 32},
+                  'val': {'classes': 1, 'per_class': 7, 'size': 32}}],
+     'read': 'resumes without being asked (TRAIN.AUTO_RESUME on by default): each rank lists the output folder '
+             'itself and takes the newest *.pth (one shared folder on one node: the ranks agree; a folder per node '
+             "would not); the checkpoint pickles the yacs config, which torch.load's default weights_only=True "
+             "(torch >= 2.6) refuses, so a resume crashes on today's torch. A seed per rank (SEED + rank: drop-path, "
+             "Mixup/CutMix and RandAugment differ per rank; DDP broadcasts rank 0's weights), DistributedSampler "
+             "with set_epoch, saves on rank 0, map_location='cpu': right. Validation on a DistributedSampler (7 "
+             'images on 2 ranks: one padded duplicate), all-reduced; gradient accumulation without no_sync (an '
+             'all-reduce per micro-batch: a waste, not wrong); no destroy_process_group'},
+    {'name': 'rasbt/LLMs-from-scratch appendix-A DDP-script-torchrun.py',
+     'repo': 'rasbt/LLMs-from-scratch',
+     'commit': '28c65cdfbc3338e2e040016eea4b7fdf556e4d57',
+     'path': 'appendix-A/01_main-chapter-code/DDP-script-torchrun.py',
+     'patch': 'rasbt+LLMs-from-scratch__DDP-script-torchrun.patch',
+     'args': [],
+     'nodes': True,
+     'read': 'the global rank given to init_process_group is LOCAL_RANK when set (always under torchrun): on 2 nodes '
+             "two processes claim rank 0; the training accuracy is each rank's own shard of the train loader "
+             '(DistributedSampler), printed per rank and never all-reduced; every rank evaluates the whole test set '
+             '(duplicated work, right); one seed on every rank but no dropout; set_epoch and destroy_process_group '
+             '(right). 5 samples on 2 ranks pad one, which drop_last then drops'},
+    {'name': 'nauyan/PyTorch-Distributed-Tutorials train_fsdp.py (FSDP1)',
+     'repo': 'nauyan/PyTorch-Distributed-Tutorials',
+     'commit': 'cfbbbf88176177dde86bfe9b3e9c76812913460e',
+     'path': 'train_fsdp.py',
+     'patch': 'nauyan+PyTorch-Distributed-Tutorials__train_fsdp.patch',
+     'args': [],
+     'needs': ['timm', 'tqdm'],
+     'read': 'FullyShardedDataParallel (FSDP1, FULL_SHARD, size-based auto-wrap) on a timm ResNet; a shuffling '
+             'DistributedSampler and no set_epoch: every epoch the same order; no destroy_process_group. No seed at '
+             "all: torch seeds each process's CPU generator at random, so every rank (and every run) draws its own "
+             "initial weights (pretrained=True: only the new 10-class head; the patch's pretrained=False: all), and "
+             "FSDP1's sync_module_states is off (no broadcast): harmless under FULL_SHARD, where each rank keeps "
+             'only its own shard of each flat parameter (one consistent, mixed init), not so under NO_SHARD; no '
+             "dropout. FSDP1 neither syncs nor broadcasts buffers: each rank's BatchNorm running statistics are its "
+             'own (never evaluated or saved here: harmless); CIFAR10 downloaded on every rank at once (the patch '
+             "puts FakeData of CIFAR10's shape in its place: torchvision checks CIFAR's md5s, so no stand-in file "
+             'can pass); tqdm on every rank; no checkpoint, no evaluation'},
+    {'name': 'Rose-STL-Lab/nautilus_tutorial mnist_ddp.py',
+     'repo': 'Rose-STL-Lab/nautilus_tutorial',
+     'commit': '3f0fa9ffc24300dff482988d626f855a41bf7bae',
+     'path': 'mnist_ddp.py',
+     'patch': 'Rose-STL-Lab+nautilus_tutorial__mnist_ddp.patch',
+     'args': ['--batch-size', '16', '--test-batch-size', '32', '--epochs', '2', '--log-interval', '4'],
+     'prepare': ['mnist', 'data'],
+     'read': 'one seed on every rank (torch.manual_seed(args.seed) after init) and the Net has dropout: the same '
+             'dropout masks on every rank; no destroy_process_group. Right: DistributedSampler with set_epoch, rank '
+             '0 downloads MNIST first behind a barrier, evaluation on rank 0 alone over the whole test set '
+             '(model.module; the others wait at a barrier), a save on rank 0 only (--save-model, off), the device '
+             'from LOCAL_RANK'},
 ]
 
 
@@ -174,6 +321,13 @@ def image_folder(root: Path, classes: int = 4, per_class: int = 8, size: int = 6
         for i in range(per_class):
             pixels = generator.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(folder / name.format(c=c, i=i))
+
+
+def train_val_folders(root: Path, train: dict | None = None, val: dict | None = None) -> None:
+    """ImageNet's layout, as torchvision's ImageFolder reads it: ROOT/train/class_c/i.png and ROOT/val/class_c/i.png
+    (image_folder's options for each)."""
+    image_folder(root / "train", **(train or {}))
+    image_folder(root / "val", **(val or {}))
 
 
 def token_bins(root: Path, vocab: int = 65, tokens: int = 4096) -> None:
@@ -218,7 +372,8 @@ def tiny_gpt2(root: Path, examples: int = 32) -> None:
     (root / "data.json").write_text(json.dumps(tasks))
 
 
-PREPARE = {"mnist": fake_mnist, "images": image_folder, "tokens": token_bins, "tiny_gpt2": tiny_gpt2}
+PREPARE = {"mnist": fake_mnist, "images": image_folder, "train_val": train_val_folders, "tokens": token_bins,
+           "tiny_gpt2": tiny_gpt2}
 # a script's "prepare": [kind, folder, {options}]
 
 

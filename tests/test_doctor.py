@@ -231,6 +231,34 @@ def test_compare_says_why_it_cannot_give_one_process_the_batch():
     assert status == 2 and "reads an iterable data set" in lines[0], lines
 
 
+def test_a_one_process_run_in_a_folder_of_its_own_names_sites_as_the_ranks_do(tmp_path, monkeypatch):
+    """--one-process-cwd: the one process's sites were relative to its own folder ("../sw/data/build.py:69" where
+    the ranks said "data/build.py:69"), so its loader matched none of theirs: its batch was never resized, and the
+    doctor said it was. Its sites are now named from the ranks' folder."""
+    import importlib.util
+
+    import lessons.tools.doctor as doctor_module
+    from lessons.tools.doctor import DoctorReport, Record, _compare
+    spec = importlib.util.spec_from_file_location("instruments_under_test", SITE_DIR / "sitecustomize.py")
+    instruments = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(instruments)  # inert outside a rank: only its functions are used
+    (tmp_path / "one").mkdir()
+    monkeypatch.chdir(tmp_path / "one")
+    monkeypatch.delenv("LESSONS_DOCTOR_SITE_ROOT", raising=False)
+    assert instruments.shown_path(str(tmp_path / "data" / "build.py")) == os.path.join("..", "data", "build.py")
+    monkeypatch.setenv("LESSONS_DOCTOR_SITE_ROOT", str(tmp_path))
+    assert instruments.shown_path(str(tmp_path / "data" / "build.py")) == os.path.join("data", "build.py")
+    monkeypatch.delenv("LESSONS_DOCTOR_SITE_ROOT")
+    given = []
+    monkeypatch.setattr(doctor_module, "_run", lambda *args, **kwargs: given.append((args[7], kwargs)) or (
+        DoctorReport(error="stopped here"), None))
+    events = [{"event": "loader", "loader": 1, "site": "t.py:5", "batch_size": 4, "asked_batch_size": 4,
+               "sampler_type": "DistributedSampler", "batch_sampler": "BatchSampler"}, *training_pass(1, 1, 2, 0)]
+    for alone, root in (({"cwd": "elsewhere"}, str(tmp_path / "one")), ({}, None)):
+        _compare("t.py", 2, [], 10, alone, DoctorReport(), Record({0: events, 1: events}, {}, {}))
+        assert given[-1][0].get("LESSONS_DOCTOR_SITE_ROOT") == root, given[-1]
+
+
 def test_compare_refuses_a_one_process_run_that_resumed_from_the_ranks_file(tmp_path, launch_env):
     """The template with --checkpoint: the one process found the ranks' checkpoint and resumed from it (0 steps);
     'differ' would blame the ranks for it. Exit 2, naming the file."""
@@ -525,21 +553,27 @@ def draws(runs, indices, length=8, sampler=False, random_state=None):
     # the same repeats drawn with one random state: copies of a sample, not augmentations
     ([[0, 0, 1, 2], [0, 1, 1, 2]], 8, {0: "a", 1: "a"}, "draws the same samples on every rank with the same random"
                                                         " numbers: 4 samples drawn per rank of 8"),
+    # an endless sampler (EDM's InfiniteSampler): one pass of three epochs, each rank its share of each lap
+    ([[0, 2, 3, 1, 2, 0], [1, 3, 0, 2, 1, 3]], 4, None, None),
+    # an endless sampler that does not shard: every rank the same order, lap after lap
+    ([[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]], 4, None, "(its first 2 draws a rank, one epoch's share): its sampler"
+                                                        " (RandomSampler) draws the same samples on every rank"),
 ])
 def test_samplers_are_judged_by_what_they_draw(indices, length, random_state, expected, tmp_path):
     """DeiT's RASampler and timm's RepeatAugSampler put each sample on several ranks by design, each rank drawing
     its share (the step count unchanged) with its own random augmentation: no finding, where round 5 said "N times
     the steps". The same draws with one random state, or a whole data set on every rank, are the mistake, and the
-    finding's cost comes from the draws."""
+    finding's cost comes from the draws. An endless sampler's one pass spans many epochs: judged on one epoch's
+    share (EDM's InfiniteSampler got same-samples: over many laps any two ranks draw every sample)."""
     found = two_ranks(tmp_path, lambda runs: draws(runs, indices, length=length, random_state=random_state))
     assert [f.code for f in found] == (["same-samples"] if expected else []), found
     assert not expected or expected in found[0].message, found[0].message
     rules_read_what_they_say(tmp_path)
 
 
-def evaluation(runs, indices, collective_after, sampler=True, length=9):
+def evaluation(runs, indices, collective_after, sampler=True, length=9, each_batch=False):
     """Each rank's evaluation pass (no step) over a loader of its own site draws INDICES[rank]; then the collective
-    COLLECTIVE_AFTER names ("all_reduce", "all_gather"), if any."""
+    COLLECTIVE_AFTER names ("all_reduce", "all_gather"), if any: after the pass, or after each batch."""
     for rank, run in runs.items():
         loader = {"event": "loader", "loader": 5, "site": "t.py:20", "batch_size": 2, "asked_batch_size": 2,
                   "sampler": None, "sampler_type": "OrderedDistributedSampler", "dataset": "test", "length": length}
@@ -547,13 +581,15 @@ def evaluation(runs, indices, collective_after, sampler=True, length=9):
         for e in extra[1:]:
             e["steps"] = 4
         if collective_after:
-            extra.append({"event": "collective", "op": collective_after, "shape": [[2], "float32"],
-                          "site": "t.py:22", "steps": 4})
+            extra.insert(-1 if each_batch else len(extra), {"event": "collective", "op": collective_after,
+                                                            "shape": [[2], "float32"], "site": "t.py:22", "steps": 4})
         run[-1:-1] = extra
 
 
 @pytest.mark.parametrize("indices, collective_after, expected", [
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_reduce", ["padded-evaluation"]),  # timm's OrderedDistributedSampler
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_reduce each batch", ["padded-evaluation"]),  # a mean reduced per batch
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "all_reduce each batch", []),
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_gather", []),  # gathered: de-duplicated (gather_for_metrics)
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "all_reduce", []),  # exact shares, summed: right
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], None, ["unreduced-evaluation"]),  # rank 0 reports its own share
@@ -561,8 +597,10 @@ def evaluation(runs, indices, collective_after, sampler=True, length=9):
 ])
 def test_evaluations_are_judged_by_what_the_ranks_drew(indices, collective_after, expected, tmp_path):
     """A padding evaluation sampler that is not a DistributedSampler escaped padded-evaluation; a metric computed
-    on rank 0 alone got a note about double counting."""
-    found = two_ranks(tmp_path, lambda runs: evaluation(runs, indices, collective_after))
+    on rank 0 alone got a note about double counting; a metric all-reduced after each batch (inside the pass) was
+    called unreduced, and its padding went unsaid."""
+    op, each_batch = (collective_after or "").removesuffix(" each batch") or None, "each batch" in str(collective_after)
+    found = two_ranks(tmp_path, lambda runs: evaluation(runs, indices, op, each_batch=each_batch))
     assert [f.code for f in found] == expected, found
     rules_read_what_they_say(tmp_path)
 

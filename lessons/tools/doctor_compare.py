@@ -76,6 +76,8 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
             if flag:  # the script's own flag at N times its value: the loss sees the batch it trains on
                 one_args += [flag, str(whole)]
         batch_line = None
+    if alone.get("cwd"):  # its sites named from the ranks' folder, as theirs are: the loader's site matches
+        one_env["LESSONS_DOCTOR_SITE_ROOT"] = os.getcwd()
     single, single_record = _run(script, 1, one_args, timeout, False, alone.get("env"), 1, one_env,
                                  cwd=alone.get("cwd"))
     resumed = _read_what_the_ranks_wrote(record, single_record, started) if single_record is not None else None

@@ -72,21 +72,30 @@ def _same_samples(trained, samplers, nproc, events) -> list[Finding]:
     for key, p in trained[reference_rank].items():
         if p.indices is None:
             continue
-        mine = set(p.indices)
+        # A pass that draws more than the data set holds (an endless sampler: one pass of many epochs) is judged on
+        # each rank's first share of one epoch: over many epochs any two ranks' draws cover the whole set, sharded
+        # or not. Sharded, those shares are apart; drawn independently at random they overlap by 1/N: a finding
+        # needs more than halfway from that to all of it.
+        length = p.loader["length"]
+        endless = bool(length) and len(p.indices) > length
+        window = -(-length // nproc) if endless else None
+        limit = (1 + 1 / nproc) / 2 if endless else SAME_SAMPLES
+        mine = set(p.indices[:window])
         for rank, ps in sorted(trained.items()):
             other = ps.get(key)
             if rank == reference_rank or other is None or other.indices is None or \
                     other.loader["dataset"] != p.loader["dataset"] or not mine or not other.indices:
                 continue
-            shared = len(mine & set(other.indices)) / min(len(mine), len(set(other.indices)))
-            if shared <= SAME_SAMPLES:
+            theirs = set(other.indices[:window])
+            shared = len(mine & theirs) / min(len(mine), len(theirs))
+            if shared <= limit:
                 continue
             sampler = samplers[reference_rank].get(p.loader["sampler"])
             how = f"ranks {reference_rank} and {rank} drew {shared:.0%} of their samples in common in training" \
-                  f" pass {key[1]}"
+                  f" pass {key[1]}" + (f" (its first {window} draws a rank, one epoch's share)" if endless else "")
             length, drawn = p.loader["length"], len(p.indices)
             share = -(-length // nproc) if length else None
-            whole = p.ended and length and drawn >= 0.9 * length
+            whole = p.ended and length and 0.9 * length <= drawn <= length
             if sampler is None and p.ended and share and drawn <= share + (p.loader["batch_size"] or 0) \
                     and own_random:
                 # Each rank draws its share, so the steps are a sharded epoch's, and the ranks draw their own random
@@ -223,14 +232,15 @@ def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
 
 
 def _collective_after(events, p) -> set:
-    """The collectives (their ops) the script made after pass P's last batch, before the next optimizer step (or the
-    end): how the ranks' shares were combined, if at all."""
-    last = max((i for i, e in enumerate(events) if e["event"] in ("batch", "pass_end")
-                and e.get("loader") == p.loader["loader"] and e.get("number") == p.number), default=None)
-    if last is None:
+    """The collectives (their ops) the script made from pass P's start, batch after batch (a metric all-reduced
+    each batch) and after its last, until the next optimizer step (or the end): how the ranks' shares were
+    combined, if at all."""
+    mine = [i for i, e in enumerate(events) if e["event"] in ("pass", "batch", "pass_end")
+            and e.get("loader") == p.loader["loader"] and e.get("number") == p.number]
+    if not mine:
         return set()
-    steps, ops = events[last].get("steps", 0), set()
-    for e in events[last + 1:]:
+    steps, ops = events[mine[-1]].get("steps", 0), set()
+    for e in events[mine[0] + 1:]:
         if e["event"] == "collective":
             ops.add(e["op"])
         if e.get("steps", steps) > steps:

@@ -806,9 +806,11 @@ def _install(out_dir, rank):
 
 def shown_path(name):
     """A path as the script's reader knows it: relative to the working directory (the script's own
-    "../ddp_scripts/x.py" too), absolute when that would climb more than one folder (a library's file, /tmp)."""
+    "../ddp_scripts/x.py" too), absolute when that would climb more than one folder (a library's file, /tmp). The
+    working directory is the ranks': --compare's one process, run in a folder of its own, names its sites as the
+    ranks do (LESSONS_DOCTOR_SITE_ROOT), or no loader of theirs would match one of its own."""
     try:
-        relative = os.path.relpath(name)
+        relative = os.path.relpath(name, os.environ.get("LESSONS_DOCTOR_SITE_ROOT") or os.getcwd())
     except ValueError:  # another drive
         return name
     return name if relative.startswith(os.path.join("..", "..")) else relative
