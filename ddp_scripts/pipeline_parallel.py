@@ -1,6 +1,7 @@
 """Pipeline parallelism: one MLP cut into N stages, one per rank, micro-batches flowing through them.
 
-    torchrun --standalone --nproc-per-node=2 pipeline_parallel.py --schedule 1f1b --microbatches 4 [--impl torch]
+    torchrun --standalone --nproc-per-node=2 pipeline_parallel.py --schedule 1f1b --microbatches 4 [--batch 8]
+                                                                  [--impl torch]
 
 --impl hand writes the schedule with send/recv; --impl torch runs the same model with torch.distributed.pipelining.
 Checked against the whole MLP in one process: gradients of every stage, and the outputs of the last one.
@@ -20,12 +21,13 @@ import ddp_common  # a clean exit, and the device
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
-parser.add_argument("--microbatches", type=int, default=4, help="M, a divisor of the batch of 8")
+parser.add_argument("--microbatches", type=int, default=4, help="M, a divisor of --batch")
+parser.add_argument("--batch", type=int, default=8, help="the batch of one step, cut into M micro-batches")
 parser.add_argument("--impl", choices=("hand", "torch"), default="hand")
 options = parser.parse_args()
-M, N, BATCH, WIDTH = options.microbatches, int(os.environ["WORLD_SIZE"]), 8, 16
-if M < 1 or BATCH % M:
-    parser.error(f"--microbatches must divide the batch of {BATCH}")
+M, N, BATCH, WIDTH = options.microbatches, int(os.environ["WORLD_SIZE"]), options.batch, 16
+if M < 1 or BATCH < 1 or BATCH % M:
+    parser.error(f"--microbatches must divide --batch ({BATCH}): M = 32 needs --batch 32, M = 3 --batch 9")
 if options.impl == "torch" and options.schedule == "1f1b" and M < N:  # Schedule1F1B.__init__ raises ValueError
     parser.error(f"torch's Schedule1F1B needs --microbatches >= the {N} stages")
 

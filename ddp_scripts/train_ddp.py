@@ -92,8 +92,8 @@ def main():
 
     distributed = "RANK" in os.environ  # set by torchrun; plain python: one process, no process group
     if distributed:
-        backend, device = ddp_common.backend_and_device()  # nccl: also torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)  # 1.
+        backend, device = ddp_common.backend_and_device()  # 1. this rank's device (nccl: set_device(local_rank))
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)  # 2.
         rank, world_size = dist.get_rank(), dist.get_world_size()
     else:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -101,7 +101,7 @@ def main():
     torch.manual_seed(args.seed)
 
     train_set, test_set = digits(args.seed) if args.dataset == "digits" else cifar10(args, distributed)
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)  # 2.
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)  # 4.
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, num_workers=args.num_workers,
                         pin_memory=device.type == "cuda")
     # Evaluation without padding (DistributedSampler would repeat samples): rank r takes r, r+N, ...
@@ -134,7 +134,7 @@ def main():
             # torch.full, not torch.tensor(len(y), device=...): a blocking copy every step (lesson 06)
             totals += torch.stack([loss.detach() * len(y), torch.full((), float(len(y)), device=device)])
         if distributed:
-            dist.all_reduce(totals)  # 5. sums and counts of all ranks
+            dist.all_reduce(totals)  # 5. sums and counts of all ranks, then rank 0 prints
         epoch_losses.append((totals[0] / totals[1]).item())
         if epoch > 0 or args.epochs == 1:  # epoch 0 warms up: not timed
             timed_samples += int(totals[1])

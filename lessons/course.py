@@ -221,11 +221,46 @@ def exercise_table() -> str:
     return "\n".join(["| Exercise | Lesson | Your file defines | Checked at |", "|---|---|---|---|", *rows])
 
 
+MEASURED = ROOT / "benchmarks" / "measured.json"  # the numbers that drift, each with how and when it was measured
+
+
+def test_time() -> str:
+    measured = json.loads(MEASURED.read_text())["make_test"]
+    low, high = measured["minutes"]
+    return wrapped(f"`make test` takes about {low} to {high} minutes on 2 cores ({measured['machines']}; "
+                   f"{measured['runs']}).")
+
+
+def tools_size() -> str:
+    measured = json.loads(MEASURED.read_text())["tools_install"]
+    return wrapped(f"What they add beside your torch: {measured['what']}, about {measured['megabytes']} MB where your "
+                   "torch brought no NumPy, the tools' own files where it did (measured as benchmarks/measured.json "
+                   "says).")
+
+
+def doctor_rows() -> str:
+    """A cheat-sheet row for each of the doctor's codes, from lesson 14b's table (one source: a new code's row there
+    is its row here)."""
+    cells = json.loads((NOTEBOOKS / "14b_the_ddp_doctor.ipynb").read_text())["cells"]
+    table = next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown" and "| code | found when" in
+                 "".join(c["source"]))
+    link = "[14b · 1. What it finds](notebooks/14b_the_ddp_doctor.ipynb#1.-What-it-finds)"
+    rows = []
+    for line in table.splitlines():
+        if line.startswith("| `"):
+            code, found_when, does, fix = (part.strip() for part in line.strip("|").split(" | "))
+            rows.append(f"| The doctor prints {code}: {does} | {found_when} | {fix} | {link} |")
+    return "\n".join(rows)
+
+
 def sections(times: dict | None = None) -> dict[tuple[str, str], str]:
     """{(file, section): text} for every generated section."""
     return {("README.md", "how-long"): how_long(times or per_lesson()),
             ("README.md", "tracks"): tracks(),
             ("README.md", "lessons"): lesson_table(),
+            ("README.md", "tools-size"): tools_size(),
+            ("TESTING.md", "test-time"): test_time(),
+            ("CHEATSHEET.md", "doctor-codes"): doctor_rows(),
             ("exercises/README.md", "exercises"): exercise_table()}
 
 

@@ -25,10 +25,12 @@ def test_tensor_parallel_on_four_ranks_matches_one_process_with_one_all_reduce(l
 
 
 def test_pipeline_cases_the_lesson_does_not_launch(launch_env):
-    """Lesson 15b runs naive, GPipe and 1F1B by hand and torch's 1F1B; here torch's GPipe at 2 stages and 8
-    micro-batches (its backwards in forward order), with the bubble's formula."""
+    """Lesson 15b runs naive, GPipe and 1F1B by hand and torch's 1F1B; here torch's GPipe at 2 stages and 32
+    micro-batches of a batch of 32 (the lesson's M = 32, which a fixed batch of 8 could not run; its backwards in
+    forward order), with the bubble's formula."""
     result = lessons.torchrun(SCRIPTS / "pipeline_parallel.py", nproc=2, show=False, env=launch_env,
-                              args=["--schedule", "gpipe", "--microbatches", 8, "--impl", "torch"]).result
+                              args=["--schedule", "gpipe", "--microbatches", 32, "--batch", 32,
+                                    "--impl", "torch"]).result
     assert result["matches_single_process"] and result["world_size"] == 2, result
-    assert abs(result["bubble_fraction"] - 1 / 9) < 1e-9 and result["peak_activations_per_stage"] == [8, 8]
-    assert result["timeline"][0] == [f"F{m}" for m in range(8)] + [f"B{m}" for m in range(8)]
+    assert abs(result["bubble_fraction"] - 1 / 33) < 1e-9 and result["peak_activations_per_stage"] == [32, 32]
+    assert result["timeline"][0] == [f"F{m}" for m in range(32)] + [f"B{m}" for m in range(32)]

@@ -151,6 +151,15 @@ def test_bad_usage_exits_2(argv, message, capsys):
     assert err.startswith(message), err
 
 
+def test_the_usage_names_each_exercise_with_its_lesson(capsys):
+    """It listed pipeline_schedule under lesson 15 (the first two characters of 15b's name)."""
+    check_module.main([])
+    listed = capsys.readouterr().err
+    for name, exercise in check_module.EXERCISES.items():
+        assert f"{name:<18} lesson {exercise.lesson.split('_')[0]}: " in listed, listed
+    assert "pipeline_schedule  lesson 15b:" in listed
+
+
 def test_bad_usage_from_a_cell_is_one_clear_error():
     with pytest.raises(ValueError, match=r"^unknown exercise 'ring': one of ring_allreduce"):
         check_module.check("ring")

@@ -89,8 +89,8 @@ EXERCISES = {  # exercises/README.md's table is made from these (python -m lesso
         ("one_f_one_b",),
         defines="`one_f_one_b(stage, num_stages, microbatches) -> list`: one stage's 1F1B order of forwards and "
                 "backwards",
-        checked_at="2 and 4 stages: read before a launch (deadlock, order, memory), then run on real ranks against "
-                   "one process",
+        checked_at="2 and 4 stages: read before a launch (deadlock, order, memory, length against 1F1B's), then run "
+                   "on real ranks against one process",
         before_launch="pipeline_orders.py"),  # the orders alone name most mistakes: a second, not a launch
 }
 
@@ -277,7 +277,7 @@ USAGE = "python -m lessons check NAME [PATH]"
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not 1 <= len(argv) <= 2 or argv[0] in ("-h", "--help"):
-        exercises = "".join(f"\n    {n:<18} lesson {e.lesson[:2]}: {e.what}" for n, e in EXERCISES.items())
+        exercises = "".join(f"\n    {n:<18} lesson {e.lesson.split('_')[0]}: {e.what}" for n, e in EXERCISES.items())
         print(f"usage: {USAGE}\n  NAME: one of{exercises}\n"
               "  PATH: the file to check (default exercises/NAME.py; for find_the_hang a folder)", file=sys.stderr)
         return 2
