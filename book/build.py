@@ -42,7 +42,8 @@ def scripts_by_lesson() -> dict[str, list[str]]:
 def how_to_run(name: str, scripts: list[str], widgets: bool) -> str:
     lines = [f"> **Run this lesson** on a 2-core CPU, from a clone of the course: `make lab`, then open"
              f" `notebooks/{name}.ipynb`. `make test` runs and checks every lesson; this one alone:"
-             f" `make cost LESSON=notebooks/{name}.ipynb`, which checks every output against this page."]
+             f" `make cost LESSON=notebooks/{name}.ipynb`, which checks every output against this page."
+             f" The notebook itself, with its outputs: {{download}}`{name}.ipynb <{name}.ipynb>`."]
     if scripts:
         links = ", ".join(f"[{script}](../ddp_scripts/{script})" for script in scripts)
         lines.append(f"> **Its scripts** (each runs on its own under torchrun; the map: "
@@ -65,6 +66,7 @@ TOCTREE = """
 :hidden:
 :caption: Reference
 CHEATSHEET
+GPU_DAY_ONE
 exercises/README
 exercises/find_the_hang/README
 ddp_scripts/README
@@ -113,6 +115,8 @@ def stage() -> None:
     static.mkdir(exist_ok=True)
     for name in ("require.js", "embed-amd.js"):
         shutil.copy2(WIDGET_JS / name, static / name)
+    for name in ("lessons.css", "copybutton.js"):
+        shutil.copy2(ROOT / "book" / "static" / name, static / name)
 
 
 def main() -> int:

@@ -13,7 +13,7 @@ author = "DDP Lessons"
 extensions = ["myst_nb"]
 root_doc = "index"
 # Only these pages; every other staged file (scripts, exercises) is a download a page links to.
-include_patterns = ["index.md", "CHEATSHEET.md", "notebooks/*.ipynb", "notebooks/gpu_report.md",
+include_patterns = ["index.md", "CHEATSHEET.md", "GPU_DAY_ONE.md", "notebooks/*.ipynb", "notebooks/gpu_report.md",
                     "exercises/README.md", "exercises/find_the_hang/README.md", "ddp_scripts/README.md", "TESTING.md",
                     "CONTRIBUTING.md", "benchmarks/LOG.md"]
 exclude_patterns = ["_build"]
@@ -36,7 +36,11 @@ html_show_sourcelink = False
 html_last_updated_fmt = None
 html_copy_source = False
 # ipywidgets: require.js and the widget manager from this site, not from a CDN (book/build.py copies them).
-nb_ipywidgets_js = {"require.js": {},
-                    "embed-amd.js": {"data-jupyter-widgets-cdn": "", "crossorigin": "anonymous"}}
+# No crossorigin attribute: opened as files (file://), Chromium refuses a CORS load of embed-amd.js for the "null"
+# origin, and the widgets never drew; a plain script tag loads it from the site, served or opened.
+nb_ipywidgets_js = {"require.js": {}, "embed-amd.js": {"data-jupyter-widgets-cdn": ""}}
+# The site's own CSS (outputs wrap) and a copy button on code (book/static/, staged into _static by build.py).
+html_css_files = ["lessons.css"]
+html_js_files = ["copybutton.js"]
 # A %%writefile cell of a shell script is lexed as Python, and shown plain: not a fault of the page.
 suppress_warnings = ["mystnb.unknown_mime_type", "misc.highlighting_failure"]

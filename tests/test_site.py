@@ -124,10 +124,11 @@ def browser():
 
 def test_every_page_in_a_browser(site, served, browser):
     """No console error, no request outside 127.0.0.1, every image loaded, the widgets drawn from their saved
-    state; then the search page finds a word of lesson 08."""
+    state; then the search page finds a word of lesson 08; a lesson's outputs wrap, its code has copy buttons, its
+    notebook a download link; and a widget page opened as a file (file://) draws its widgets too."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     blocked, problems = [], []
-    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith(served)
+    context.route("**/*", lambda route: route.continue_() if route.request.url.startswith((served, site.as_uri()))
                   else (blocked.append(route.request.url), route.abort()))
     page = context.new_page()
     page.on("console", lambda message: message.type == "error" and problems.append(f"{page.url}: {message.text}"))
@@ -147,6 +148,17 @@ def test_every_page_in_a_browser(site, served, browser):
             page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=False)
     page.goto(f"{served}/search.html?q=SyncBatchNorm", wait_until="load")
     page.wait_for_selector("#search-results a[href*='08_syncbatchnorm']", timeout=15_000)
+    # What a reader needs of a lesson page: its outputs wrap in the column (the doctor's lines are ~400 characters),
+    # a copy button on each block of code, the notebook to download
+    page.goto(f"{served}/notebooks/14b_the_ddp_doctor.html", wait_until="load")
+    wide = page.eval_on_selector_all(".cell_output pre", "pres => pres.filter(p => p.scrollWidth > p.clientWidth + 1)"
+                                                       ".map(p => p.innerText.slice(0, 60))")
+    copies = page.locator(".cell_input button.lessons-copy").count()
+    downloads = page.locator("a.download[href$='14b_the_ddp_doctor.ipynb']").count()
+    assert (wide, copies > 0, downloads) == ([], True, 1), (wide[:3], copies, downloads)
+    # Opened as files, as the README invites: the widgets draw from their saved state too
+    page.goto((site / WIDGET_PAGES[1]).as_uri(), wait_until="load")
+    page.wait_for_selector(".cell_output .widget-slider", timeout=15_000)
     context.close()
     assert blocked == [], f"requests outside the site: {blocked[:5]}"
     assert problems == [], problems[:10]
