@@ -77,6 +77,11 @@ QUOTED = [
     ("sampler option is mutually exclusive with shuffle", False, [
         ("sampler option is mutually exclusive with shuffle", "torch/utils/data/dataloader.py"),
     ]),
+    ("Number of microbatches (", False, [  # Schedule1F1B.__init__: one f-string, cut by a backslash line break
+        ("Number of microbatches (", "torch/distributed/pipelining/schedules.py"),
+        (") must be greater than ", "torch/distributed/pipelining/schedules.py"),
+        ("or equal to the number of stages (", "torch/distributed/pipelining/schedules.py"),
+    ]),
     ("Expected to have finished reduction", False, [  # reducer.cpp
         ("Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
          "that your module has parameters that were not used in producing loss.", "torch/lib/libtorch_cpu.so"),
@@ -169,6 +174,23 @@ def test_a_loader_with_a_sampler_and_shuffle_raises_the_quoted_error():
     seen = [i for (batch,) in loader for i in batch.tolist()]
     assert sorted(seen) == sorted(sampler) and len(seen) == 4
     assert seen != list(range(0, 8, 2)), "the sampler did not shuffle (rank 0 unshuffled takes 0, 2, 4, 6)"
+
+
+def test_fewer_micro_batches_than_stages_raises_the_quoted_error():
+    """Row "Number of microbatches": torch's Schedule1F1B refuses M < N when it is made, on any device ("fake": a
+    real 2-rank group in this one process, stage 0 of 2); the control, the row's fix, M = N."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    quoted = re.search(r"`ValueError: (Number of microbatches [^`]*)`", row_with("Number of microbatches (")).group(1)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        stage = PipelineStage(torch.nn.Linear(4, 4), 0, 2, torch.device("cpu"))
+        with pytest.raises(ValueError) as error:
+            Schedule1F1B(stage, 1)
+        assert str(error.value) == quoted.replace("(3)", "(1)").replace("(4)", "(2)"), error.value
+        assert type(Schedule1F1B(stage, 2)).__name__ == "Schedule1F1B"
+    finally:
+        dist.destroy_process_group()
 
 
 UNUSED_PARAMETERS = '''\
