@@ -53,6 +53,10 @@ LESSONS = [
     Lesson('05_distributed_sampler',
            'who gets which sample (an explorer widget); padding; `set_epoch`; evaluation that counts twice'),
     Lesson('06_data_loading', 'PNG decoding against `num_workers`, measured; `pin_memory` and `non_blocking`'),
+    Lesson('06b_where_the_time_goes',
+           "one step of each rank opened with `torch.profiler`: compute, loader, exposed communication, waiting for "
+           "another rank; a straggler, a starving loader, no overlap, oversubscribed threads and a tiny batch, each "
+           "planted and found; the doctor's `--profile` (full track only)"),
     Lesson('07_checkpoints',
            'the minimal save/resume pattern, stopped and resumed, checked; save once and atomically; '
            '`map_location`; `weights_only`; the `module.` prefix; what else a checkpoint holds'),
@@ -239,17 +243,19 @@ def tools_size() -> str:
 
 
 def doctor_rows() -> str:
-    """A cheat-sheet row for each of the doctor's codes, from lesson 14b's table (one source: a new code's row there
-    is its row here)."""
+    """A cheat-sheet row for each of the doctor's codes, from lesson 14b's tables (one source: a new code's row there
+    is its row here), each linked to its section."""
     cells = json.loads((NOTEBOOKS / "14b_the_ddp_doctor.ipynb").read_text())["cells"]
-    table = next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown" and "| code | found when" in
-                 "".join(c["source"]))
-    link = "[14b · 1. What it finds](notebooks/14b_the_ddp_doctor.ipynb#1.-What-it-finds)"
     rows = []
-    for line in table.splitlines():
-        if line.startswith("| `"):
-            code, found_when, does, fix = (part.strip() for part in line.strip("|").split(" | "))
-            rows.append(f"| The doctor prints {code}: {does} | {found_when} | {fix} | {link} |")
+    for table in ("".join(c["source"]) for c in cells if c["cell_type"] == "markdown"):
+        if "| code | found when" not in table:
+            continue
+        heading = table.splitlines()[0].lstrip("# ").strip()
+        link = f"[14b · {heading}](notebooks/14b_the_ddp_doctor.ipynb#{heading.replace(' ', '-')})"
+        for line in table.splitlines():
+            if line.startswith("| `"):
+                code, found_when, does, fix = (part.strip() for part in line.strip("|").split(" | "))
+                rows.append(f"| The doctor prints {code}: {does} | {found_when} | {fix} | {link} |")
     return "\n".join(rows)
 
 

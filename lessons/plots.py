@@ -349,3 +349,60 @@ def plot_pipeline_timeline(*results: dict):
                      f"{max(result['peak_activations_per_stage'])} micro-batches' activations held", fontsize=9)
     axes[-1, 0].set_xlabel("time, in units of one forward (F) or one backward (B) of a micro-batch on one stage")
     return finished(fig)
+
+
+def _kind_of(name: str) -> str | None:
+    """What a training thread's top-level op is part of, for the timeline's colors."""
+    if name.startswith("enumerate(DataLoader)"):
+        return "loader"
+    if name.startswith(("Optimizer.step", "Optimizer.zero_grad")):
+        return "optimizer"
+    if name.startswith("autograd::") or "Backward" in name or name.startswith("torch.distributed.ddp.reducer"):
+        return "backward"
+    return "forward"
+
+
+def plot_rank_timelines(traces: dict[str, list], step: int | None = None):
+    """One panel per case, two rows per rank: its training thread (loader, forward, backward, optimizer) and its
+    communication (gloo's threads, or NCCL's kernels), over one profiled step (the middle one by default) of one
+    Chrome trace per rank. On one machine the ranks share a clock, so a rank's wait shows as a gap."""
+    import json
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from .tools.doctor_profile import is_communication
+
+    colors = {"loader": "tab:purple", "forward": "tab:green", "backward": "tab:orange", "optimizer": "tab:gray",
+              "communication": "tab:red"}
+    fig, axes = plt.subplots(len(traces), 1, figsize=(10, 0.6 + 1.0 * sum(len(p) for p in traces.values())),
+                             squeeze=False)
+    for ax, (case, paths) in zip(axes[:, 0], traces.items()):
+        spans = {}
+        for rank, path in enumerate(paths):
+            events = [e for e in json.loads(Path(path).read_text())["traceEvents"] if e.get("ph") == "X"]
+            marks = sorted((e for e in events if e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+            mark = marks[len(marks) // 2] if step is None else next(m for m in marks if m["name"].endswith(f"#{step}"))
+            spans[rank] = (mark, events)
+        origin = min(mark["ts"] for mark, _ in spans.values())
+        for rank, (mark, events) in spans.items():
+            start, end, row = mark["ts"], mark["ts"] + mark["dur"], 2 * rank
+            top_end = start
+            for e in sorted((e for e in events if e["tid"] == mark["tid"] and e is not mark
+                             and start <= e["ts"] < end), key=lambda e: (e["ts"], -e["dur"])):
+                if e["ts"] >= top_end:  # top-level only: its children are inside it
+                    ax.barh(row, e["dur"] / 1e3, left=(e["ts"] - origin) / 1e3, height=0.7,
+                            color=colors[_kind_of(e["name"])])
+                    top_end = e["ts"] + e["dur"]
+            for e in events:
+                if is_communication(e) and e["ts"] < end and e["ts"] + e["dur"] > start:
+                    ax.barh(row + 1, e["dur"] / 1e3, left=(e["ts"] - origin) / 1e3, height=0.7,
+                            color=colors["communication"], alpha=0.6)
+            ax.plot([(end - origin) / 1e3] * 2, [row - 0.45, row + 1.45], color="black", linewidth=0.8)
+        ax.set_yticks(range(2 * len(spans)), [label for r in spans for label in (f"rank {r}", "  its comm")])
+        ax.invert_yaxis()
+        ax.set_title(case, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("ms from the step's start (a black line: where each rank's step ends)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    axes[0, 0].legend(handles, list(colors), ncol=5, fontsize=7, loc="lower right", bbox_to_anchor=(1, 1.02))
+    return finished(fig)

@@ -37,7 +37,8 @@ def test_the_wheel_holds_every_file_the_tools_run(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "lessons").rglob("*.py") if "__pycache__" not in p.parts}
     assert package - names == set(), "files of lessons/ left out of the wheel"
-    assert {"lessons/tools/doctor_site/sitecustomize.py", "lessons/tools/exercise_checks/common.py"} <= names
+    assert {"lessons/tools/doctor_site/sitecustomize.py", "lessons/tools/doctor_profile_site/sitecustomize.py",
+            "lessons/tools/exercise_checks/common.py"} <= names
     # what the checks of convert_to_ddp and find_the_hang compare the learner's files with
     assert {"lessons/_exercises/single_process_train.py", "lessons/_exercises/solutions/find_the_hang/early_stop.py",
             "lessons/_exercises/find_the_hang/early_stop.py"} <= names

@@ -72,15 +72,21 @@ class DoctorReport:
     compare_status: int | None = None  # 0 the same model, 1 not, 2 no comparison possible
     record: Record | None = field(default=None, repr=False)  # what the ranks recorded (lessons/tools/doctor_events.py)
     notes: list[Finding] = field(default_factory=list)  # severity 4: printed after the findings, exit status 0
+    profile: list[str] = field(default_factory=list)  # --profile: the breakdown's lines and the profiler's cost
+    slowdowns: list[Finding] = field(default_factory=list)  # --profile: doctor_profile.PROFILE_CODES, exit status 3
+    no_profile: str | None = None  # --profile: why the run, though it ended, gave no profile (exit status 2)
 
     @property
     def status(self) -> int:
         """2: the script did not run to the end; 1: a finding (severity 1 to 3), or --compare's runs differ; 0: none
-        of these and, under --compare, the same model; 2 too when --compare could not compare."""
-        if self.error:
+        of these and, under --compare, the same model; 2 too when --compare could not compare; 3: --profile found a
+        slowdown (the run is right, as far as it looked, but slow)."""
+        if self.error or self.no_profile:
             return 2
         if self.findings:
             return 1
+        if self.slowdowns:
+            return 3
         return self.compare_status or 0
 
     @property
@@ -88,6 +94,12 @@ class DoctorReport:
         return [f.code for f in self.findings]
 
     def __str__(self):
+        if self.profile or self.no_profile:
+            return "\n".join(self.profile + [str(f) for f in self.slowdowns] + (
+                [f"the script did not run to the end: {self.error}"] if self.error else
+                [f"no profile: {self.no_profile}"] if self.no_profile else
+                [] if self.slowdowns or any(l.startswith("no slowdowns") for l in self.profile) else
+                ["no slowdowns found"]))
         lines = [str(f) for f in self.findings]
         if self.error:
             lines.append(f"the script did not run to the end: {self.error}")
