@@ -124,7 +124,9 @@ def _launch(script, nproc, args, timeout, show, env, nodes, extra_env, cwd, out_
 
     python_path = os.pathsep.join(p for p in (str(site_dir), (env or {}).get("PYTHONPATH",
                                               os.environ.get("PYTHONPATH", ""))) if p)
-    launch_env = {**(env or {}), **extra_env, "PYTHONPATH": python_path, "LESSONS_DOCTOR_DIR": out_dir}
+    # The user's OMP_NUM_THREADS, as torchrun would keep it (lessons.torchrun sets 1 otherwise): the run as it is
+    threads = {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]} if os.environ.get("OMP_NUM_THREADS") else {}
+    launch_env = {**threads, **(env or {}), **extra_env, "PYTHONPATH": python_path, "LESSONS_DOCTOR_DIR": out_dir}
     launch_env.pop("LESSONS_DOCTOR_RANK_PID", None)
     report = DoctorReport()
     try:

@@ -166,13 +166,11 @@ def breakdown(ranks: dict[int, list[Step]]) -> dict[int, dict[str, float]]:
 
 
 def format_breakdown(table: dict[int, dict[str, float]]) -> str:
-    """The table as text: one line per rank, ms per step (medians)."""
-    head = f"{'rank':>4} {'step ms':>8} " + " ".join(f"{p:>9}" for p in PARTS)
-    lines = [head]
+    """The table as text: one line per rank, ms per step (medians) and each part's share of the step."""
+    lines = [f"{'rank':>4} {'step ms':>9}" + "".join(f"{p:>15}" for p in PARTS)]
     for rank, row in table.items():
-        lines.append(f"{rank:>4} {row['step']:>8.1f} " + " ".join(
-            f"{row[p]:>6.1f} {round(100 * row[p] / row['step']) if row['step'] else 0:>2d}%"[-9:].rjust(9)
-            for p in PARTS))
+        share = {p: round(100 * row[p] / row["step"]) if row["step"] else 0 for p in PARTS}
+        lines.append(f"{rank:>4} {row['step']:>9.1f}" + "".join(f"{row[p]:>10.1f} {share[p]:>3d}%" for p in PARTS))
     return "\n".join(lines)
 
 
@@ -253,7 +251,8 @@ def profile_findings(ranks: dict[int, list[Step]], metas: dict[int, dict] | None
     for host, n, threads, cores in crowded:
         found.append((1.0, Finding("threads-oversubscribed", (
             f"{n} ranks on {host} use {threads} intra-op threads together on {cores} cores: they take turns on the"
-            f" cores (and a rank waits for the others up to {100 * waits:.0f}% of its step) — OMP_NUM_THREADS="
+            f" cores{f', and a rank waits for the others up to {100 * waits:.0f}% of its step' if waits >= 0.1 else ''}"
+            f" — OMP_NUM_THREADS="
             f"cores/ranks (torchrun sets 1 unless told otherwise), or torch.set_num_threads, lesson 06b"))))
     return [f for _, f in sorted(found, key=lambda pair: -pair[0])]
 
