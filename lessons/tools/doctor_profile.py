@@ -191,7 +191,7 @@ def oversubscribed(metas: dict[int, dict]) -> list[tuple[str, int, int, int]]:
     return [(host, n, threads, cores) for host, (n, threads, cores) in hosts.items() if threads > cores]
 
 
-def too_short(ranks: dict[int, list[Step]]) -> str | None:
+def too_short(ranks: dict[int, list[Step]], min_step_ms: float = MIN_STEP_MS) -> str | None:
     """Why the steps of CPU ranks are too short to judge, or None. On a CPU a thread waits milliseconds to be woken
     (gloo's all-reduce of a few KB took 0.5 to 25 ms here, the same on both ranks), and the profiler's own cost per
     op is a large share of a short step: a step shorter than MIN_STEP_MS would show them, not the script."""
@@ -199,17 +199,19 @@ def too_short(ranks: dict[int, list[Step]]) -> str | None:
     if not steps or any(s.gpu for s in steps):
         return None
     step = statistics.median(s.total for s in steps)
-    if step >= MIN_STEP_MS:
+    if step >= min_step_ms:
         return None
     return (f"no slowdowns judged: the steps take {step:.1f} ms under the profiler, and on CPU ranks --profile judges"
-            f" steps of {MIN_STEP_MS:.0f} ms or more (a thread's wake-up and the profiler's own cost would be most of"
+            f" steps of {min_step_ms:.0f} ms or more (a thread's wake-up and the profiler's own cost would be most of"
             f" a shorter one); give each step more work (a larger per-rank batch) to judge it")
 
 
-def profile_findings(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) -> list[Finding]:
-    """The slowdowns the steps show, each on a line starting with its code, the costliest first."""
+def profile_findings(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None,
+                     min_step_ms: float = MIN_STEP_MS) -> list[Finding]:
+    """The slowdowns the steps show, each on a line starting with its code, the costliest first; none for CPU steps
+    shorter than min_step_ms (too_short)."""
     table = breakdown(ranks)
-    if not table or too_short(ranks):
+    if not table or too_short(ranks, min_step_ms):
         return []
     found = []  # (share, Finding)
 
