@@ -23,7 +23,7 @@ model = DDP(torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), to
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 os.makedirs(args.trace_dir, exist_ok=True)
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3),  # steps 3 to 5 recorded
+with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3, repeat=1),  # ProfilerStep#2-#4
              on_trace_ready=lambda p: p.export_chrome_trace(f"{args.trace_dir}/rank{rank}.json")) as profiler:
     for step in range(5):
         x = torch.randn(64, 1024, device=device)

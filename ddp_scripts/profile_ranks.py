@@ -70,8 +70,9 @@ def decoded(count):
 
 def thread_metadata(threads):
     """What a trace cannot show by itself: this rank's intra-op threads, the cores it may use, its host."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return json.dumps({"threads": threads, "cores": cores, "host": socket.gethostname()})
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []  # Linux only
+    return json.dumps({"threads": threads, "cores": len(cpus) or os.cpu_count(), "cpus": cpus,
+                       "host": socket.gethostname()})
 
 
 def run_case(case, args, rank, device, data):
@@ -88,7 +89,8 @@ def run_case(case, args, rank, device, data):
     loader = DataLoader(data, batch_size=batch, sampler=DistributedSampler(data, shuffle=True, seed=0),
                         num_workers=1 if case == "loader-workers" else 0, drop_last=True,
                         persistent_workers=case == "loader-workers")
-    threads = len(os.sched_getaffinity(0)) if case == "threads" else torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = cores if case == "threads" else torch.get_num_threads()
     before, profiler = torch.get_num_threads(), None
     torch.set_num_threads(threads)
     if args.trace_dir:
@@ -98,8 +100,8 @@ def run_case(case, args, rank, device, data):
             [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
         profiler = torch.profiler.profile(
             activities=activities,
-            # skip the first step (DDP builds its buckets), wait 1, warm up 1, record the rest
-            schedule=torch.profiler.schedule(skip_first=1, wait=1, warmup=1, active=args.steps - 3, repeat=1),
+            # leave out 2 steps (the first, and the second, where DDP rebuilds its buckets), warm up 1, record the rest
+            schedule=torch.profiler.schedule(wait=2, warmup=1, active=args.steps - 3, repeat=1),
             on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(out, f"rank{rank}.json")))
         profiler.preset_metadata_json("threads_and_cores", thread_metadata(threads))  # into every trace it writes
         profiler.start()
@@ -135,6 +137,8 @@ def main():
     parser.add_argument("--layers", type=int, default=4, help="1024x1024 layers: 4 MB of gradients each")
     parser.add_argument("--bucket-mb", type=float, default=4.0, help="DDP's bucket_cap_mb")
     args = parser.parse_args()
+    if args.steps < 4:
+        parser.error("--steps: at least 4 (2 left out, 1 to warm the profiler up, then the recorded ones)")
 
     backend, device = backend_and_device()
     dist.init_process_group(backend)

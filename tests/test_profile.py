@@ -15,7 +15,7 @@ from lessons.tools.doctor_profile import (MIN_STEP_MS, PROFILE_CODES, breakdown,
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0):
+def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=()):
     """A Chrome trace as torch.profiler writes one: each step (ms) is loader, compute, then communication with the
     training thread idle (exposed), then time nothing records. hidden: communication during the compute."""
     events, t = [], start
@@ -47,7 +47,8 @@ def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0):
                            "ts": at * 1e3, "dur": exposed * 1e3})
         t += total
     meta = {"distributedInfo": {"rank": rank, "world_size": 2}, "host_name": "node0",
-            "threads_and_cores": json.dumps({"threads": threads, "cores": cores, "host": "node0"})}
+            "threads_and_cores": json.dumps({"threads": threads, "cores": cores, "host": "node0",
+                                             "cpus": list(cpus)[2 * rank:2 * rank + 2] if cpus else []})}
     Path(path).write_text(json.dumps({**meta, "traceEvents": events}))
     return path
 
@@ -71,6 +72,9 @@ STEPS = 5
     ("threads", [{"exposed": 155}] * STEPS, [{"before": 150}] * STEPS, {"threads": 2},
      ["threads-oversubscribed"]),  # the straggler it causes is not reported apart
     ("threads to spare", [{}] * STEPS, [{}] * STEPS, {"threads": 2, "cores": 4}, []),
+    ("each rank pinned to 2 CPUs of its own", [{}] * STEPS, [{}] * STEPS, {"threads": 2, "cpus": range(4)}, []),
+    ("both ranks on the same 2 CPUs", [{}] * STEPS, [{}] * STEPS, {"threads": 2, "cpus": [0, 1, 0, 1]},
+     ["threads-oversubscribed"]),
     ("gpu, exposed", [{"compute": 20, "exposed": 15}] * STEPS, [{"compute": 20, "exposed": 15}] * STEPS,
      {"gpu": True}, ["exposed-communication"]),
     ("gpu, overlapped", [{"compute": 20, "hidden": 15, "exposed": 0}] * STEPS,

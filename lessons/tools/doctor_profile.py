@@ -100,7 +100,8 @@ def read_trace(path) -> tuple[list[Step], dict]:
     trace = json.loads(Path(path).read_text())
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     meta = {k: v for k, v in trace.items() if k != "traceEvents"}
-    marks = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    # the training thread's marks: Kineto copies them onto the GPU's streams too (gpu_user_annotation)
+    marks = [e for e in events if e.get("name", "").startswith("ProfilerStep#") and e.get("cat") != "gpu_user_annotation"]
     if not marks:
         return [], meta
     main = marks[0]["tid"]
@@ -159,8 +160,9 @@ def breakdown(ranks: dict[int, list[Step]]) -> dict[int, dict[str, float]]:
                "compute": statistics.median(s.compute for s in steps),
                "loader": statistics.median(s.loader for s in steps),
                "exposed": statistics.median(s.exposed - s.waiting for s in steps),
-               "waiting": statistics.median(s.waiting for s in steps)}
-        row["other"] = max(0.0, row["step"] - sum(row[p] for p in PARTS[:-1]))
+               "waiting": statistics.median(s.waiting for s in steps),
+               # each step's own remainder, then the median: not the median step less the other medians
+               "other": statistics.median(max(0.0, s.total - s.compute - s.loader - s.exposed) for s in steps)}
         table[rank] = row
     return table
 
@@ -175,8 +177,9 @@ def format_breakdown(table: dict[int, dict[str, float]]) -> str:
 
 
 def oversubscribed(metas: dict[int, dict]) -> list[tuple[str, int, int, int]]:
-    """(host, ranks, threads, cores) for each host whose ranks' intra-op threads together exceed its cores, from what
-    each trace says ("threads_and_cores": threads, cores the rank may use, its host)."""
+    """(host, ranks, threads, cores) for each host whose ranks' intra-op threads together exceed the cores they may
+    use together (the union of their CPU sets: ranks pinned to their own cores are not counted against each other's),
+    from what each trace says ("threads_and_cores": threads, the rank's CPUs or their count, its host)."""
     hosts = {}
     for meta in metas.values():
         seen = meta.get("threads_and_cores")
@@ -184,11 +187,13 @@ def oversubscribed(metas: dict[int, dict]) -> list[tuple[str, int, int, int]]:
             seen = json.loads(seen)
         if not seen:
             continue
-        host = hosts.setdefault(seen.get("host") or meta.get("host_name", "?"), [0, 0, 0])
+        host = hosts.setdefault(seen.get("host") or meta.get("host_name", "?"), [0, 0, set(), 0])
         host[0] += 1
         host[1] += int(seen["threads"])
-        host[2] = max(host[2], int(seen["cores"]))
-    return [(host, n, threads, cores) for host, (n, threads, cores) in hosts.items() if threads > cores]
+        host[2] |= set(seen.get("cpus", []))
+        host[3] = max(host[3], int(seen["cores"]))
+    return [(host, n, threads, len(cpus) or cores) for host, (n, threads, cpus, cores) in hosts.items()
+            if threads > (len(cpus) or cores)]
 
 
 def too_short(ranks: dict[int, list[Step]], min_step_ms: float = MIN_STEP_MS) -> str | None:

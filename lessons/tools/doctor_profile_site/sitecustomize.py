@@ -4,7 +4,7 @@
 this file at start-up, before the script. It watches the script's optimizer steps (torch's global step hook) and
 profiles a few of them with torch.profiler:
 
-    step 1                 not timed: DDP builds its buckets, caches warm up
+    step 1                 not timed: caches warm up (DDP rebuilds its buckets at the next forward)
     steps 2 to 4           timed without the profiler (what the profiler costs is measured against these)
     step 5                 the profiler warms up
     steps 6 to 10          recorded: LESSONS_DOCTOR_DIR/rank<R>.json, a Chrome trace
@@ -63,9 +63,10 @@ class _Watcher:
         self.profiler = torch.profiler.profile(
             activities=activities, schedule=torch.profiler.schedule(wait=0, warmup=WARMUP, active=ACTIVE, repeat=1),
             on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(self.out_dir, f"rank{self.rank}.json")))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.profiler.preset_metadata_json("threads_and_cores", self.json.dumps(
-            {"threads": torch.get_num_threads(), "cores": cores, "host": socket.gethostname()}))
+            {"threads": torch.get_num_threads(), "cores": len(cpus) or os.cpu_count(), "cpus": cpus,
+             "host": socket.gethostname()}))
         self.profiler.start()
 
     def finish(self):
