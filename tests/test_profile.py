@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from lessons.tools.doctor import PROFILE_SITE_DIR, doctor
-from lessons.tools.doctor_profile import (MIN_STEP_MS, PROFILE_CODES, breakdown, profile_findings, read_profile,
-                                          read_trace, read_traces, too_short)
+from lessons.tools.doctor_profile import (PARTS, PROFILE_CODES, breakdown, judge, profile_findings, read_profile,
+                                          read_trace, read_traces)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,17 +25,24 @@ def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(
         total = before + load + compute + exposed + step.get("other", 2)
         events.append({"ph": "X", "name": f"ProfilerStep#{number}", "tid": 1, "ts": t * 1e3, "dur": total * 1e3})
         at = t + before
+        if before:  # a sleep, as a with_stack trace records it: a Python call, no op
+            events.append({"ph": "X", "cat": "python_function", "name": "<built-in function sleep>", "tid": 1,
+                           "ts": t * 1e3, "dur": before * 1e3, "args": {"CallFrom": "train.py:75"}})
         if load:
-            events.append({"ph": "X", "name": "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__",
+            kind = "_MultiProcessingDataLoaderIter" if step.get("workers") else "_SingleProcessDataLoaderIter"
+            events.append({"ph": "X", "name": f"enumerate(DataLoader)#{kind}.__next__",
                            "tid": 1, "ts": at * 1e3, "dur": load * 1e3})
         at += load
         if gpu:  # the CPU launches, the device computes: kernels, NCCL's on its own stream
             events.append({"ph": "X", "name": "aten::mm", "tid": 1, "ts": at * 1e3, "dur": 1e3})
             events.append({"ph": "X", "cat": "kernel", "name": "sm90_gemm", "tid": 7, "ts": at * 1e3,
                            "dur": compute * 1e3})
-        else:
-            events.append({"ph": "X", "name": "DistributedDataParallel.forward", "tid": 1, "ts": at * 1e3,
+        else:  # ops, and a region around them that is not work: a rank may wait inside it
+            events.append({"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "tid": 1, "ts": at * 1e3,
                            "dur": compute * 1e3})
+        if step.get("annotated"):  # a user's record_function over the whole step
+            events.append({"ph": "X", "cat": "user_annotation", "name": "train_step", "tid": 1, "ts": t * 1e3,
+                           "dur": total * 1e3})
         if hidden:
             events.append({"ph": "X", "cat": "kernel" if gpu else "user_annotation",
                            "name": "ncclDevKernel_AllReduce" if gpu else "gloo:all_reduce", "tid": 9 if gpu else 2,
@@ -46,17 +53,19 @@ def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(
                            "name": "ncclDevKernel_AllReduce" if gpu else "gloo:all_reduce", "tid": 9 if gpu else 3,
                            "ts": at * 1e3, "dur": exposed * 1e3})
         t += total
-    meta = {"distributedInfo": {"rank": rank, "world_size": 2}, "host_name": "node0",
+    meta = {"distributedInfo": {"rank": rank, "world_size": 2}, "host_name": "node0", "script_files": ["train.py"],
             "threads_and_cores": json.dumps({"threads": threads, "cores": cores, "host": "node0",
                                              "cpus": list(cpus)[2 * rank:2 * rank + 2] if cpus else []})}
     Path(path).write_text(json.dumps({**meta, "traceEvents": events}))
     return path
 
 
-def judge(tmp_path, rank0, rank1, **kwargs):
+def judged(tmp_path, rank0, rank1, **kwargs):
+    """(codes, can't-judge lines, steps, findings) of two ranks' traces."""
     paths = [trace(tmp_path / "rank0.json", 0, rank0, **kwargs), trace(tmp_path / "rank1.json", 1, rank1, **kwargs)]
     ranks = read_traces(paths)
-    return [f.code for f in profile_findings(ranks, {r: read_trace(p)[1] for r, p in enumerate(paths)})], ranks
+    found, unsure = judge(ranks, {r: read_trace(p)[1] for r, p in enumerate(paths)})
+    return [f.code for f in found], unsure, ranks, found
 
 
 STEPS = 5
@@ -81,8 +90,8 @@ STEPS = 5
      [{"compute": 20, "hidden": 15, "exposed": 0}] * STEPS, {"gpu": True}, []),
 ])
 def test_each_slowdown_from_the_traces(tmp_path, case, rank0, rank1, kwargs, expected):
-    codes, _ = judge(tmp_path, rank0, rank1, **kwargs)
-    assert codes == expected, case
+    codes, unsure, _, _ = judged(tmp_path, rank0, rank1, **kwargs)
+    assert (codes, unsure) == (expected, []), case
     assert set(codes) <= set(PROFILE_CODES)
 
 
@@ -95,12 +104,96 @@ def test_waiting_needs_no_shared_clock(tmp_path):
     assert (table[0]["waiting"], table[0]["exposed"], table[1]["waiting"], table[1]["other"]) == (150, 5, 0, 152)
 
 
-def test_cpu_steps_too_short_are_not_judged_gpu_steps_are(tmp_path):
-    short = [{"compute": 4, "exposed": 6}] * STEPS  # 12 ms, half of it exposed
-    codes, ranks = judge(tmp_path, short, short)
-    assert codes == [] and f"steps of {MIN_STEP_MS:.0f} ms or more" in too_short(ranks)
-    codes, ranks = judge(tmp_path, short, short, gpu=True)
-    assert codes == ["exposed-communication"] and too_short(ranks) is None
+LATE = [14, 11, 30, 12, 24]  # ms: how late a rank is, step by step
+NOISY = [(18, 70), (22, 90), (19, 75), (24, 95), (20, 80)]  # (ms late, ms of compute): steps that vary nearly as much
+
+
+@pytest.mark.parametrize("case, rank0, rank1, kwargs, expected", [
+    # the issue's: rank 1 sleeps 30 ms before every step, rank 0 waits 31 ms of its 40 ms step
+    ("a 30 ms straggler", [{"compute": 7, "exposed": 31, "other": 1}] * STEPS,
+     [{"before": 30, "compute": 7, "exposed": 1, "other": 1}] * STEPS, {}, ["straggler"]),
+    ("late by 11 to 30 ms every step", [{"exposed": 5 + w} for w in LATE], [{"before": w} for w in LATE], {},
+     ["straggler"]),
+    ("rank 0 the straggler", [{"before": 30, "compute": 7, "exposed": 1}] * STEPS,
+     [{"compute": 7, "exposed": 31}] * STEPS, {}, ["straggler"]),
+    ("a straggler inside the user's record_function", [{"exposed": 155, "annotated": True}] * STEPS,
+     [{"before": 150, "annotated": True}] * STEPS, {}, ["straggler"]),
+    ("12 ms steps, half of them exposed", [{"compute": 4, "exposed": 6}] * STEPS, [{"compute": 4, "exposed": 6}] * STEPS,
+     {}, ["exposed-communication"]),
+    ("a busy machine: the late rank changes", [{"exposed": 5 + w} if i % 2 else {"before": w} for i, w in enumerate(LATE)],
+     [{"before": w} if i % 2 else {"exposed": 5 + w} for i, w in enumerate(LATE)], {}, []),
+    ("exposed 21%, below the rule", [{"compute": 75, "exposed": 21}] * STEPS, [{"compute": 75, "exposed": 21}] * STEPS,
+     {}, []),
+    ("gpu, short steps", [{"compute": 4, "exposed": 6}] * STEPS, [{"compute": 4, "exposed": 6}] * STEPS, {"gpu": True},
+     ["exposed-communication"]),
+])
+def test_steps_of_any_length_are_judged_from_their_evidence(tmp_path, case, rank0, rank1, kwargs, expected):
+    codes, unsure, _, _ = judged(tmp_path, rank0, rank1, **kwargs)
+    assert (codes, unsure) == (expected, []), case
+
+
+@pytest.mark.parametrize("case, rank0, rank1, line", [
+    ("late every step, by not much more than the steps vary", [{"exposed": 5 + w, "compute": c} for w, c in NOISY],
+     [{"before": w, "compute": c} for w, c in NOISY],
+     "can't judge whether rank 1 is a straggler: the others wait for it 20.0 ms of their 107.0 ms step, against this"
+     " run's noise: waits and steps that vary by 14.8 ms, a transfer of 5.0 ms"),
+    ("exposed 16 to 34% of the steps", [{"compute": 75, "exposed": e} for e in (15, 34, 24, 30, 26)],
+     [{"compute": 75, "exposed": e} for e in (15, 34, 24, 30, 26)],
+     "can't judge whether communication is exposed: rank 0's exposed is 16–31% of its steps (3 of 5 at 25% or more"),
+])
+def test_what_the_noise_swamps_is_not_judged_and_says_so(tmp_path, case, rank0, rank1, line):
+    codes, unsure, _, _ = judged(tmp_path, rank0, rank1)
+    assert codes == [] and len(unsure) == 1 and unsure[0].startswith(line), unsure
+
+
+def test_late_at_different_collectives_is_waiting_not_exposed_communication(tmp_path):
+    """Rank 0 is 30 ms late to a step's 1st collective, rank 1 to its 2nd: each waits 30 ms, so the whole step's
+    exposed time is the same on both ranks, and only matching the k-th collective tells the waits apart."""
+    def rank(r):
+        events, t = [], 0.0
+        for number in range(1, STEPS + 1):
+            ops = [(30, 50), (52, 72)] if r == 0 else [(0, 20), (52, 72)]
+            calls = [(50, 52), (72, 104)] if r == 0 else [(20, 52), (102, 104)]
+            events.append({"ph": "X", "name": f"ProfilerStep#{number}", "tid": 1, "ts": t * 1e3, "dur": 106e3})
+            events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "tid": 1, "ts": (t + a) * 1e3,
+                        "dur": (b - a) * 1e3} for a, b in ops]
+            events += [{"ph": "X", "cat": "user_annotation", "name": "gloo:all_reduce", "tid": 2,
+                        "ts": (t + a) * 1e3, "dur": (b - a) * 1e3} for a, b in calls]
+            t += 106
+        path = tmp_path / f"rank{r}.json"
+        path.write_text(json.dumps({"distributedInfo": {"rank": r}, "traceEvents": events}))
+        return path
+    ranks = read_traces([rank(0), rank(1)])
+    found, unsure = judge(ranks)
+    assert [f.code for f in found] == ["straggler", "straggler"] and unsure == []
+    assert "rank 0 arrives last" in str(found[0]) + str(found[1]) and "at the 1st of the step's 2 collectives" in (
+        str(found[0]) + str(found[1]))
+    table = breakdown(ranks)
+    assert [(round(table[r]["waiting"]), round(table[r]["exposed"])) for r in (0, 1)] == [(30, 4), (30, 4)]
+
+
+def test_the_lines_a_user_acts_on(tmp_path):
+    """The breakdown adds up; a share quoted for a rank is that rank's; the straggler's line names its call site; the
+    loader's advice reads the script's workers and the cores each rank has."""
+    codes, _, ranks, found = judged(tmp_path, [{"exposed": 155}] * STEPS, [{"before": 150}] * STEPS)
+    for row in breakdown(ranks).values():
+        assert sum(row[p] for p in PARTS) == pytest.approx(row["step"])
+    assert "its extra time is in sleep at train.py:75 (+150.0 ms a step)" in str(found[0])
+    codes, _, ranks, found = judged(tmp_path, [{"loader": 30}] * STEPS, [{"loader": 60}] * STEPS, cores=8)
+    row = breakdown(ranks)[1]
+    assert str(found[0]).startswith(f"loader-bound: rank 1's steps wait for the DataLoader"
+                                    f" {round(100 * row['loader'] / row['step'])}% of their time (its median step:"
+                                    f" {row['loader']:.1f} of {row['step']:.1f} ms) — decode in DataLoader workers (num_workers,"
+                                    f" 3 a rank on this host, persistent_workers)")
+    *_, found = judged(tmp_path, [{"loader": 60, "workers": True}] * STEPS, [{"loader": 60, "workers": True}] * STEPS)
+    assert "no core is free for more loader workers here" in str(found[0])
+    *_, found = judged(tmp_path, [{"loader": 60, "workers": True}] * STEPS, [{"loader": 60, "workers": True}] * STEPS,
+                       cores=8)
+    assert "already reads from workers: more of them (num_workers, up to 3 more a rank on this host)" in str(found[0])
+    *_, found = judged(tmp_path, [{"exposed": 40}] * STEPS, [{"exposed": 40}] * STEPS)  # all-reduced after backward
+    assert "none of it overlaps the work: let DDP's buckets overlap it" in str(found[0])
+    *_, found = judged(tmp_path, [{"exposed": 40, "hidden": 20}] * STEPS, [{"exposed": 40, "hidden": 20}] * STEPS)
+    assert "the collectives already overlap the work (DDP's buckets): give each rank more work" in str(found[0])
 
 
 def steps_file(folder, rank, stamps, error=None):
@@ -140,7 +233,8 @@ def test_a_clean_script_is_silent_and_a_short_one_has_no_profile(tmp_path):
     done = subprocess.run([sys.executable, "-m", "lessons", "doctor", "ddp_scripts/profile_ranks.py", "-n", "2",
                            "--profile", "--trace-dir", str(tmp_path), "--", "--cases", "clean", "--batch", "96"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert (done.returncode, done.stdout.splitlines()[-1]) == (0, "no slowdowns found"), done.stdout + done.stderr
+    # silent: nothing found; a "can't judge" line with its numbers is allowed where a busy machine's steps vary
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("no slowdowns found"), done.stdout + done.stderr
     assert [s.number for s in read_traces(sorted(tmp_path.glob("rank*.json")))[1]] == [1, 2, 3, 4, 5]
     short = subprocess.run([sys.executable, "-m", "lessons", "doctor", "ddp_scripts/ddp_minimal.py", "-n", "2",
                             "--profile"], cwd=ROOT, capture_output=True, text=True, timeout=300)
