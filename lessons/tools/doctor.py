@@ -94,7 +94,7 @@ def _profile(script, nproc, args, timeout, show, env, nodes, trace_dir) -> Docto
     """--profile: one launch with the profiler's instruments only; the breakdown and the slowdowns."""
     import shutil
 
-    from .doctor_profile import profile_findings, read_profile
+    from .doctor_profile import judge, read_profile
 
     if trace_dir is not None and Path(trace_dir).exists() and not Path(trace_dir).is_dir():
         return DoctorReport(error=f"--trace-dir: {trace_dir} is a file, not a folder")
@@ -111,8 +111,8 @@ def _profile(script, nproc, args, timeout, show, env, nodes, trace_dir) -> Docto
     if why and report.error is None:
         report.no_profile = why
     if not why:
-        report.profile = lines
-        report.slowdowns = profile_findings(ranks, metas)
+        report.slowdowns, unsure = judge(ranks, metas)
+        report.profile = lines + unsure
     return report
 
 
@@ -200,7 +200,7 @@ def _why_it_stopped(error: LaunchError) -> str:
         stderr = error.result.stderr.get(error.rank, "")
         frames = re.findall(r'File "([^"]+)", line (\d+)', stderr)
         own = [(f, n) for f, n in frames if "site-packages" not in f and "/torch/" not in f
-               and "doctor_site" not in f and not f.startswith("<")]
+               and SITE_DIR.name not in f and PROFILE_SITE_DIR.name not in f and not f.startswith("<")]
         where = own[-1] if own else frames[-1] if frames else None
         if where:
             return (f"rank {error.rank} failed at {_shown_path(where[0])}:{where[1]}:"

@@ -50,7 +50,17 @@ def root_cause_rank(launch: LaunchResult, codes: dict[int, int]) -> int | None:
 
 
 def last_exception(stderr: str) -> str:
-    lines = [ln for ln in _RANK_PREFIX.sub("", stderr).splitlines() if ln.strip()]
+    """The line that names the error: the exception line of the last traceback, which is the first line of a
+    message of several ("RuntimeError: ...", not its closing advice on TORCH_DISTRIBUTED_DEBUG) and comes before
+    what the process printed on its way out (a profiler's log line at exit); without a traceback, the last line."""
+    text = _RANK_PREFIX.sub("", stderr)
+    start = text.rfind("Traceback (most recent call last)")
+    if start >= 0:  # the frames are indented; the exception line is the first that is not
+        after_frames = (ln for ln in text[start:].splitlines()[1:] if ln.strip() and not ln[0].isspace())
+        line = next(after_frames, None)
+        if line is not None:
+            return line
+    lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
 
@@ -110,5 +120,5 @@ def failure(script: Path, launch: LaunchResult) -> LaunchError:
     earlier = [f"attempt {a.number}: {a.failure}" for a in launch.attempts[:-1] if a.failure]
     if earlier:
         message += "\n(earlier attempts ended too: " + "; ".join(earlier) + ")"
-    root_cause = traceback.splitlines()[-1] if traceback else how
+    root_cause = last_exception(traceback) if traceback else how
     return LaunchError(message, launch, rank=rank, root_cause=root_cause)
