@@ -34,9 +34,9 @@ CASES = {
 
 
 def photo(index):
-    """A smooth random 160x160 RGB image, as a photo would be: the same for an index on every rank."""
+    """A smooth random 256x256 RGB image, as a photo would be: the same for an index on every rank."""
     coarse = np.random.default_rng(index).integers(0, 256, (20, 20, 3), dtype=np.uint8)
-    return Image.fromarray(coarse).resize((160, 160), Image.BILINEAR)
+    return Image.fromarray(coarse).resize((256, 256), Image.BILINEAR)
 
 
 def features(image):
