@@ -32,8 +32,15 @@ def straight_3_ranks(tmp_path_factory):
 def test_3_ranks_killed_mid_epoch_resume_exactly(straight_3_ranks, tmp_path, launch_env):
     """A killed rank, torchrun's restart, a mid-epoch resume (step 8 of 16) at 3 ranks: bit for bit the same run.
     (A checkpoint on another world size, with its step count and learning rate, is lesson 07b's 2 -> 3 ranks.)"""
-    run = lessons.torchrun(SCRIPT, nproc=3, max_restarts=1, env=launch_env, show=False,
-                           args=[*ONE_EPOCH, "--checkpoint-dir", tmp_path, "--crash-rank", 2, "--crash-at-step", 9])
+    def launch(folder):
+        return lessons.torchrun(SCRIPT, nproc=3, max_restarts=1, env=launch_env, show=False,
+                                args=[*ONE_EPOCH, "--checkpoint-dir", folder, "--crash-rank", 2, "--crash-at-step", 9])
+    run = launch(tmp_path / "first")
+    # torchrun's own race (torch 2.14.1, elastic/multiprocessing/errors ProcessFailure.__post_init__): as the agent
+    # stops the killed rank's peers, each writes its error file (@record), and the agent may read one still empty,
+    # crash with JSONDecodeError ("Failed to parse reply file") and never restart. Not this course's code: launch again.
+    if "Failed to parse reply file" in run.launcher_log or "JSONDecodeError" in run.launcher_log:
+        run = launch(tmp_path / "again")
     assert [a.number for a in run.attempts] == [0, 1]
     assert run.attempts[0].failure == "rank 2 killed by SIGKILL" and run.attempts[1].failure is None
     assert "rank 2: SIGKILL at step 9 (attempt 0)" in run.attempts[0].stdout[2]
