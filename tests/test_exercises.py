@@ -3,7 +3,7 @@
 Every solution passes; every starter fails; for each exercise a typical wrong answer (tests/exercise_mistakes/)
 fails with the hint that names its mistake; a file that defines nothing, one that hangs and bad usage each get
 one clear line. The notebooks' check cells are nbval-skip: these tests are where the checks run.
-Each test is one launch of a few seconds; `launch_env` fails a test that leaves a process behind.
+One launch checks every answer to an exercise (`checked`); `launch_env` fails a test that leaves a process behind.
 """
 import importlib
 import shutil
@@ -34,11 +34,18 @@ def verdict(capsys):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_solution_passes(name, launch_env, monkeypatch, capsys):
+def test_solution_passes(name, checked):
+    result = checked(name, solution(name))
+    assert result.passed and result.lines[0] == f"PASS {name}", "\n".join(result.lines)
+
+
+def test_a_learners_check_is_a_launch_of_its_own_with_the_same_verdict(launch_env, checked, monkeypatch, capsys):
+    """What a learner runs (python -m lessons check NAME PATH: one launch, exit 0) says what the shared launch says."""
     monkeypatch.setenv(MARKER, launch_env[MARKER])  # main() launches with this process's environment
-    status = check_module.main([name, str(solution(name))])
+    status = check_module.main(["unpadded_eval", str(solution("unpadded_eval"))])
     first, out = verdict(capsys)
-    assert (status, first) == (0, f"PASS {name}"), out
+    assert (status, first) == (0, "PASS unpadded_eval"), out
+    assert out.splitlines() == checked("unpadded_eval", solution("unpadded_eval")).lines, out
 
 
 STARTER_HINTS = {
@@ -55,9 +62,13 @@ STARTER_HINTS = {
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_starter_fails(name, launch_env, capsys):
-    result = lessons_check(name, None, launch_env, timeout=4 if name == "find_the_hang" else None)
-    first, out = verdict(capsys)
+def test_starter_fails(name, launch_env, checked, capsys):
+    if name == "find_the_hang":  # it hangs: a launch of its own, whose stacks show where each rank was
+        result = lessons_check(name, None, launch_env, timeout=4)
+        first, out = verdict(capsys)
+    else:
+        result = checked(name, check_module.default_path(name))
+        first, out = result.lines[0], "\n".join(result.lines)
     assert not result.passed and first.startswith(f"FAIL {name}: "), out
     assert STARTER_HINTS[name] in first, out
     if name == "find_the_hang":  # where each rank was, from the stacks: rank 0 alone in the all_reduce
@@ -106,14 +117,41 @@ MISTAKE_HINTS = [
 ]
 
 
-@pytest.mark.parametrize("name, mistake, hint", MISTAKE_HINTS, ids=[m[1][:-3] for m in MISTAKE_HINTS])
-def test_typical_mistake_gets_its_hint(name, mistake, hint, launch_env, capsys, tmp_path):
-    path = MISTAKES / mistake
-    if name == "find_the_hang":  # the solutions' folder, with this one script wrong
-        path = shutil.copytree(solution(name), tmp_path / "find_the_hang")
+def mistake_path(name, mistake, folder):
+    """A typical wrong answer; for find_the_hang the solutions' folder, with this one script wrong (under FOLDER)."""
+    if name != "find_the_hang":
+        return MISTAKES / mistake
+    path = folder / f"find_the_hang_{mistake[:-3]}"
+    if not path.exists():
+        shutil.copytree(solution(name), path)
         shutil.copy(MISTAKES / mistake, path / "early_stop.py")
-    result = lessons_check(name, path, launch_env)
-    first, out = verdict(capsys)
+    return path
+
+
+_VERDICTS = {}  # exercise -> {answer's path: CheckResult}, for the whole module
+
+
+@pytest.fixture
+def checked(launch_env, tmp_path_factory):
+    """checked(name, path): the verdict on one answer. The first test of an exercise checks all its answers that
+    this file checks (the solution, the starter but find_the_hang's, which hangs, and the typical mistakes) in ONE
+    launch (lessons.check.check_several: each answer's check in processes forked from the same ranks, judged as
+    its own launch would be); the others read its verdicts. A launch's start is most of its cost."""
+    def verdict_on(name, path):
+        if name not in _VERDICTS:
+            folder = tmp_path_factory.getbasetemp() / "answers"
+            paths = [solution(name), *([] if name == "find_the_hang" else [check_module.default_path(name)]),
+                     *(mistake_path(n, m, folder) for n, m, _ in MISTAKE_HINTS if n == name)]
+            results = check_module.check_several(name, paths, env=launch_env)
+            _VERDICTS[name] = {str(p): r for p, r in zip(paths, results)}
+        return _VERDICTS[name][str(path)]
+    return verdict_on
+
+
+@pytest.mark.parametrize("name, mistake, hint", MISTAKE_HINTS, ids=[m[1][:-3] for m in MISTAKE_HINTS])
+def test_typical_mistake_gets_its_hint(name, mistake, hint, checked, tmp_path_factory):
+    result = checked(name, mistake_path(name, mistake, tmp_path_factory.getbasetemp() / "answers"))
+    first, out = result.lines[0], "\n".join(result.lines)
     assert not result.passed and first.startswith(f"FAIL {name}: "), out
     assert hint in first, out
 

@@ -17,6 +17,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from .failure import LaunchError
 from .launch import torchrun
@@ -200,6 +201,53 @@ def _run(name: str, path: Path, env, timeout) -> list[str]:
     result = launch.result or {}
     if not result.get("passed"):  # the harness reports every pass; without one, something went wrong
         return [f"FAIL {name}: the check ended without a verdict", *_tail(launch.outputs)]
+    return [f"PASS {name}", f"checked: {result['summary']}"]
+
+
+def check_several(name: str, paths: list, *, env: dict[str, str] | None = None,
+                  timeout: float | None = None) -> list[CheckResult]:
+    """check() on several answers to NAME, the launches shared: one launch runs each answer's check in turn, each
+    in a process forked from every rank (exercise_checks/several.py), and each verdict is made from that answer's
+    output as check() makes it from a launch's. For the tests, which check many wrong answers; a hang is named,
+    without the ranks' stacks. Nothing is printed."""
+    exercise, timeout = EXERCISES[name], timeout or EXERCISES[name].timeout
+    paths = [Path(p) for p in paths]
+    verdicts = {i: [f"FAIL {name}: {problem}"] for i, p in enumerate(paths) if (problem := _before_launch(name, p))}
+    launched = [i for i in range(len(paths)) if i not in verdicts]
+    if launched:
+        with tempfile.TemporaryDirectory(prefix="ddp_lessons_check_") as workdir:
+            torchrun(CHECKS_DIR / "several.py", nproc=exercise.nproc, show=False, env=env, live=False,
+                     args=[name, workdir, timeout, *(paths[i].resolve() for i in launched)],
+                     timeout=len(launched) * (timeout + 30), timeout_from=START_LINE)
+            for index, i in enumerate(launched):
+                verdicts[i] = _verdict_of_answer(name, paths[i].resolve(), Path(workdir) / f"answer_{index}",
+                                                 exercise.nproc, timeout)
+    return [CheckResult(name, verdicts[i][0].startswith("PASS"), verdicts[i]) for i in range(len(paths))]
+
+
+def _answer_ended(message, rank, root_cause, outputs) -> LaunchError:
+    """How one answer of several.py's launch ended, as the error of a launch of its own (what _explain reads)."""
+    return LaunchError(message, SimpleNamespace(outputs=outputs, stacks={}), rank, root_cause)
+
+
+def _verdict_of_answer(name: str, path: Path, out: Path, nproc: int, timeout: float) -> list[str]:
+    outputs = {r: (out / f"rank_{r}.txt").read_text() if (out / f"rank_{r}.txt").exists() else ""
+               for r in range(nproc)}
+    ends = {r: json.loads((out / f"rank_{r}.json").read_text()) for r in range(nproc)}
+    failed = sorted((e["ended"], r) for r, e in ends.items() if e["code"] not in (0, None))
+    if any(e["timed_out"] for e in ends.values()) and not failed:
+        return _explain(name, path, _answer_ended(f"timed out after {timeout:g} s", None, "", outputs), timeout)
+    if failed:
+        rank = failed[0][1]
+        code = ends[rank]["code"]
+        how = f"exitcode: {code}" if code > 0 else f"signal: {-code}"
+        lines = outputs[rank].strip().splitlines()
+        return _explain(name, path, _answer_ended(f"rank {rank} failed ({how})\n" + "\n".join(lines[-10:]), rank,
+                                                 lines[-1] if lines else "", outputs), timeout)
+    results = [ln for ln in outputs[0].splitlines() if ln.startswith("RESULT ")]
+    result = json.loads(results[-1][len("RESULT "):]) if results else {}
+    if not result.get("passed"):
+        return [f"FAIL {name}: the check ended without a verdict", *_tail(outputs)]
     return [f"PASS {name}", f"checked: {result['summary']}"]
 
 

@@ -38,6 +38,7 @@ EXERCISES = next(p for p in (Path(__file__).resolve().parents[3] / "exercises",
                              Path(__file__).resolve().parents[2] / "_exercises") if p.is_dir())
 
 _store = None
+_answer_store = None  # set by several.py in the process that checks one answer of several
 
 
 class ExerciseFailure(Exception):
@@ -119,8 +120,13 @@ def call(function, *args, hint_for=None, **kwargs):
 def start() -> None:
     """Rendezvous once with every rank of the launch, keep its store, and print the start line."""
     global _store
-    dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
-    _store = dist.distributed_c10d._get_default_store()
+    if _answer_store is not None:  # one answer of several in this launch (several.py): its own keys
+        dist.init_process_group("gloo", store=_answer_store, rank=RANK, world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=GROUP_TIMEOUT)
+        _store = _answer_store
+    else:
+        dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
+        _store = dist.distributed_c10d._get_default_store()
     # Every rank has finished connecting before any rank closes its connections: without it, a loaded machine
     # saw one rank still in gloo's connectFullMesh get "Connection closed by peer" from a rank already past it.
     dist.barrier()
