@@ -15,7 +15,7 @@ from lessons.tools.doctor_profile import (PARTS, PROFILE_CODES, breakdown, judge
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=()):
+def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(), cpu_ms=None):
     """A Chrome trace as torch.profiler writes one: each step (ms) is loader, compute, then communication with the
     training thread idle (exposed), then time nothing records. hidden: communication during the compute."""
     events, t = [], start
@@ -56,6 +56,8 @@ def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(
     meta = {"distributedInfo": {"rank": rank, "world_size": 2}, "host_name": "node0", "script_files": ["train.py"],
             "threads_and_cores": json.dumps({"threads": threads, "cores": cores, "host": "node0",
                                              "cpus": list(cpus)[2 * rank:2 * rank + 2] if cpus else []})}
+    if cpu_ms:  # the CPU time the rank's threads got a step, as the instruments record it (read_profile)
+        meta["cpu_and_wall_ms"] = [cpu_ms[rank], total]
     Path(path).write_text(json.dumps({**meta, "traceEvents": events}))
     return path
 
@@ -144,6 +146,21 @@ def test_steps_of_any_length_are_judged_from_their_evidence(tmp_path, case, rank
 def test_what_the_noise_swamps_is_not_judged_and_says_so(tmp_path, case, rank0, rank1, line):
     codes, unsure, _, _ = judged(tmp_path, rank0, rank1)
     assert codes == [] and len(unsure) == 1 and unsure[0].startswith(line), unsure
+
+
+def test_a_rank_slowed_by_other_programs_is_not_the_scripts_straggler(tmp_path):
+    """Rank 0's ops take 30 ms longer every step. With 30 CPU-ms more a step it did more work: a straggler. With the
+    same CPU time as rank 1, its threads waited for a core (a busy machine): not the script's, and said so."""
+    late, prompt = [{"compute": 110, "exposed": 5}] * STEPS, [{"compute": 80, "exposed": 35}] * STEPS
+    codes, unsure, _, _ = judged(tmp_path, late, prompt, cpu_ms=[110, 80])
+    assert (codes, unsure) == (["straggler"], [])
+    codes, unsure, _, _ = judged(tmp_path, late, prompt, cpu_ms=[81, 80])
+    assert codes == [] and unsure == [
+        "can't judge whether rank 0 is a straggler: the others wait for it 30.0 ms of their 117.0 ms step, in 5 of 5"
+        " steps, but its longer ops got no more CPU time than theirs (81.0 against 80.0 CPU-ms a step): its threads"
+        " waited for a core that other programs held, not for more work. Run it with the cores free"]
+    codes, _, _, _ = judged(tmp_path, [{"exposed": 155}] * STEPS, [{"before": 150}] * STEPS, cpu_ms=[80, 80])
+    assert codes == ["straggler"]  # a sleep: its time is in no op, whatever the CPU time
 
 
 def test_late_at_different_collectives_is_waiting_not_exposed_communication(tmp_path):

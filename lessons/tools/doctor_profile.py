@@ -351,7 +351,14 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
             # transfer is within what any collective costs
             noise = max(_spread(caused), statistics.median(_spread(s.total - s.waiting for s in ranks[r]) for r in others))
             late = sum(c > max(noise, transfer) for c in caused)
-            if late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer:
+            starved = _starved(slow, others, ranks, metas, effect)
+            if late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer and starved:
+                unsure.append(f"can't judge whether rank {slow} is a straggler: the others wait for it {effect:.1f} ms"
+                              f" of their {step_ms:.1f} ms step, in {late} of {n} steps, but its longer ops got no"
+                              f" more CPU time than theirs ({starved[0]:.1f} against {starved[1]:.1f} CPU-ms a step):"
+                              f" its threads waited for a core that other programs held, not for more work. Run it"
+                              f" with the cores free")
+            elif late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer:
                 found.append((effect / step_ms, _straggler(slow, others, ranks, by_step, effect, step_ms, late, n)))
             elif effect >= max(noise, transfer):  # above the noise, not clear of it: say so; below it, nothing
                 unsure.append(f"can't judge whether rank {slow} is a straggler: the others wait for it {effect:.1f} ms"
@@ -382,6 +389,21 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
             f" the cores, so their waits and communication are not judged apart — OMP_NUM_THREADS=cores/ranks"
             f" (torchrun sets 1 unless told otherwise), or torch.set_num_threads, lesson 06b"))))
     return [f for _, f in sorted(found, key=lambda pair: -pair[0])], unsure
+
+
+def _starved(slow, others, ranks, metas, effect) -> tuple[float, float] | None:
+    """(its CPU-ms a step, the others') when a late CPU rank's extra time is in its ops (compute) and yet its threads
+    got no more CPU time than the others' (less than half its lateness more): the same work, waiting for a core
+    that other programs held. None otherwise, or where the instruments did not record the CPU time."""
+    if any(s.gpu for s in ranks[slow]) or any("cpu_and_wall_ms" not in metas.get(r, {}) for r in [slow, *others]):
+        return None
+    compute = statistics.median(s.compute for s in ranks[slow])
+    theirs = statistics.median(s.compute for r in others for s in ranks[r])
+    cpu = metas[slow]["cpu_and_wall_ms"][0]
+    their_cpu = statistics.median(metas[r]["cpu_and_wall_ms"][0] for r in others)
+    if compute - theirs >= effect / 2 and cpu - their_cpu < effect / 2:
+        return cpu, their_cpu
+    return None
 
 
 def _straggler(slow, others, ranks, by_step, effect, step_ms, late, n) -> Finding:
@@ -463,7 +485,12 @@ def read_profile(out_dir, world: int) -> tuple[dict, dict, list[str], str | None
     if missing:
         return {}, {}, [], f"no trace from {missing[0]}: the profiler did not export it"
     ranks = read_traces(traces)
-    metas = {rank: read_trace(path)[1] for rank, path in enumerate(traces)}
+    metas = {rank: dict(steps[0].meta) if steps else {} for rank, steps in ranks.items()}
+    for rank, meta in metas.items():  # the CPU time the rank's threads got in the profiled steps, and the wall time
+        cpu, wall, (start, end) = progress[rank].get("cpu_stamps"), progress[rank]["stamps"], progress[rank]["profiled"]
+        if cpu and len(cpu) >= end:
+            meta["cpu_and_wall_ms"] = [1e3 * (cpu[end - 1] - cpu[start - 1]) / (end - start),
+                                       1e3 * (wall[end - 1] - wall[start - 1]) / (end - start)]
     seen = progress[0]
     stamps = seen["stamps"]
     def step_times(first, end):  # stamps[i] is taken after step i + 1

@@ -35,6 +35,7 @@ class _Watcher:
         self.ours = False  # True while our own profiler is called: a profiler started meanwhile is not the script's
         self.theirs_open = False  # the script's profiler is prepared or running (until it stops)
         self.stamps = []  # perf_counter after each optimizer step
+        self.cpu_stamps = []  # process_time then: the CPU the rank's threads got, against the wall time it took
 
     def attach(self, torch):
         """The script has imported torch: follow its optimizers' steps, and see any profiler it starts."""
@@ -74,6 +75,7 @@ class _Watcher:
             if not self.follows(optimizer):
                 return
             self.stamps.append(self.time.perf_counter())
+            self.cpu_stamps.append(self.time.process_time())
             steps = len(self.stamps)
             if steps == UNTIMED + TIMED:
                 self.start()
@@ -137,7 +139,7 @@ class _Watcher:
         self.done = True
         try:
             with open(os.path.join(self.out_dir, f"rank{self.rank}.steps.json"), "w") as f:
-                self.json.dump({"stamps": self.stamps, "needed": NEEDED, "timed": [UNTIMED, UNTIMED + TIMED],
+                self.json.dump({"stamps": self.stamps, "cpu_stamps": self.cpu_stamps, "needed": NEEDED, "timed": [UNTIMED, UNTIMED + TIMED],
                                 "profiled": [UNTIMED + TIMED + WARMUP, NEEDED], "error": self.failed,
                                 "stepped_back": self.stepped_back}, f)
         except OSError:
