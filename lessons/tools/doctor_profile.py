@@ -59,7 +59,6 @@ class Step:
     covered: list = field(default_factory=list)  # merged intervals (ms) of the training thread's work and loading
     caused: dict = field(default_factory=dict)  # {rank: ms this rank waited, exposed, at the collectives it was last}
     transfer: dict = field(default_factory=dict)  # {rank: ms of the collectives where it was last, on that rank}
-    sites: dict = field(default_factory=dict)  # {"call at file:line": ms} of the script's own Python calls (with_stack)
     late_at: dict = field(default_factory=dict)  # {rank: "the k-th of the step's n collectives (name)"} it was last at
     loader_workers: bool | None = None  # the DataLoader read from worker processes (None: no loader seen)
     hidden: float = 0.0  # communication while the training thread worked: what the backward did hide
@@ -126,19 +125,6 @@ def _is_work(event, main) -> bool:
     return (event["tid"] == main and event.get("cat") == "cpu_op" and not event["name"].startswith("c10d::"))
 
 
-def _site(event, own_files) -> str | None:
-    """'sleep at train.py:75' for a Python call made from the script's own files (a with_stack trace), else None."""
-    called_from = (event.get("args") or {}).get("CallFrom", "")
-    if called_from.rsplit(":", 1)[0] not in own_files:
-        return None
-    name = event["name"]
-    if name.startswith("<built-in"):  # "<built-in function sleep>", "<built-in method item of Tensor object at 0x..>"
-        name = name.split()[2].rstrip(">")
-    elif "): " in name:  # "train.py(40): load"
-        name = name.split("): ", 1)[1]
-    return f"{name} at {called_from}"
-
-
 def read_trace(path) -> tuple[list[Step], dict]:
     """The profiled steps of one rank's Chrome trace (torch.profiler's export_chrome_trace), and its metadata. The
     steps' waiting is set by read_traces, which sees every rank: here all exposed communication is in `exposed`."""
@@ -158,9 +144,6 @@ def read_trace(path) -> tuple[list[Step], dict]:
     loads = [e for e in events if e["tid"] == main and e["name"].startswith(LOADER_PREFIX)]
     loader = [span(e) for e in loads]
     collectives = sorted((span(e) + (e["name"],) for e in events if is_communication(e)))
-    own_files = set(json.loads(meta["script_files"]) if isinstance(meta.get("script_files"), str)
-                    else meta.get("script_files") or [])
-    calls = [(span(e), _site(e, own_files)) for e in events if e.get("cat") == "python_function" and e["tid"] == main]
     steps = []
     for mark in sorted(marks, key=lambda e: e["ts"]):
         start, end = span(mark)
@@ -169,15 +152,11 @@ def read_trace(path) -> tuple[list[Step], dict]:
         covered = _union([tuple(i) for i in busy + in_loader])
         mine = [(name, s, e) for s, e, name in collectives if start <= s < end]
         comm = _union(_clip([(s, e) for _, s, e in mine], start, end))
-        sites = {}
-        for (s, e), site in calls:
-            if site and start <= s < end:
-                sites[site] = sites.get(site, 0.0) + min(e, end) - s
         in_workers = [("_MultiProcessing" in e["name"]) for e in loads if start <= e["ts"] / 1e3 < end]
         steps.append(Step(int(mark["name"].split("#")[1]), end - start,
                           _length(busy) if on_gpu else _length(_minus(busy, in_loader)), _length(in_loader),
                           _length(_minus(comm, covered)), gpu=on_gpu, meta=meta, collectives=mine, covered=covered,
-                          sites=sites, loader_workers=any(in_workers) if in_workers else None,
+                          loader_workers=any(in_workers) if in_workers else None,
                           hidden=_length(comm) - _length(_minus(comm, covered))))
     return steps, meta
 
@@ -359,7 +338,8 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
                               f" its threads waited for a core that other programs held, not for more work. Run it"
                               f" with the cores free")
             elif late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer:
-                found.append((effect / step_ms, _straggler(slow, others, ranks, by_step, effect, step_ms, late, n)))
+                found.append((effect / step_ms, _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late,
+                                                           n)))
             elif effect >= max(noise, transfer):  # above the noise, not clear of it: say so; below it, nothing
                 unsure.append(f"can't judge whether rank {slow} is a straggler: the others wait for it {effect:.1f} ms"
                               f" of their {step_ms:.1f} ms step, against this run's noise: waits and steps that"
@@ -406,19 +386,16 @@ def _starved(slow, others, ranks, metas, effect) -> tuple[float, float] | None:
     return None
 
 
-def _straggler(slow, others, ranks, by_step, effect, step_ms, late, n) -> Finding:
+def _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late, n) -> Finding:
     wheres = [step[slow].late_at.get(slow) for step in by_step if step[slow].late_at.get(slow)]
     at = f" at {max(set(wheres), key=wheres.count)}" if wheres else ""
-    # where its extra time goes: the script's own call that takes it longest against the others (a with_stack trace)
-    sites = {site for step in by_step for site in step[slow].sites}
-    extra = {site: statistics.median(step[slow].sites.get(site, 0.0) for step in by_step)
-             - statistics.median(statistics.median(step[r].sites.get(site, 0.0) for step in by_step) for r in others)
-             for site in sites}
+    # where its extra time goes: the script's line it spends longest at against the others (the instruments sample
+    # each rank's training thread through the recorded steps)
+    lines = {r: metas.get(r, {}).get("lines_ms_a_step", {}) for r in [slow, *others]}
+    extra = {line: ms - statistics.median(lines[r].get(line, 0.0) for r in others) for line, ms in lines[slow].items()}
     if extra and max(extra.values()) >= effect / 2:
-        most = max(extra.values())
-        site = min((s for s in extra if extra[s] >= 0.9 * most),  # the innermost call: the shortest of the longest
-                   key=lambda s: statistics.median(step[slow].sites.get(s, 0.0) for step in by_step))
-        where = f"its extra time is in {site} (+{extra[site]:.1f} ms a step)"
+        line = max(extra, key=extra.get)
+        where = f"its extra time is at {line} (+{extra[line]:.1f} ms a step)"
     else:
         mine = {p: statistics.median(getattr(s, p) for s in ranks[slow]) for p in ("compute", "loader", "other")}
         theirs = {p: statistics.median(getattr(s, p) for r in others for s in ranks[r]) for p in mine}
@@ -488,6 +465,9 @@ def read_profile(out_dir, world: int) -> tuple[dict, dict, list[str], str | None
     metas = {rank: dict(steps[0].meta) if steps else {} for rank, steps in ranks.items()}
     for rank, meta in metas.items():  # the CPU time the rank's threads got in the profiled steps, and the wall time
         cpu, wall, (start, end) = progress[rank].get("cpu_stamps"), progress[rank]["stamps"], progress[rank]["profiled"]
+        if progress[rank].get("lines_ms"):
+            meta["lines_ms_a_step"] = {line: ms / progress[rank]["sampled_steps"]
+                                       for line, ms in progress[rank]["lines_ms"].items()}
         if cpu and len(cpu) >= end:
             meta["cpu_and_wall_ms"] = [1e3 * (cpu[end - 1] - cpu[start - 1]) / (end - start),
                                        1e3 * (wall[end - 1] - wall[start - 1]) / (end - start)]

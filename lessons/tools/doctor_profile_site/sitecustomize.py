@@ -29,7 +29,9 @@ class _Watcher:
     def __init__(self, out_dir, rank):
         import json
         import time
-        self.json, self.time, self.torch = json, time, None  # torch: once the script has imported it (attach)
+        import threading
+        self.json, self.time, self.threading, self.torch = json, time, threading, None  # torch: at the script's import
+        self.sampler = None  # the training thread's lines, sampled through the recorded steps
         self.out_dir, self.rank = out_dir, rank
         self.followed, self.profiler, self.done, self.failed, self.stepped_back = None, None, False, None, False
         self.ours = False  # True while our own profiler is called: a profiler started meanwhile is not the script's
@@ -81,6 +83,8 @@ class _Watcher:
                 self.start()
             elif self.profiler is not None:
                 self.call_ours(self.profiler.step)
+                if steps == UNTIMED + TIMED + WARMUP:  # the recorded steps begin: where does the script spend them
+                    self.sampler = _Sampler(self.threading.get_ident())
                 if steps == NEEDED:
                     self.call_ours(self.profiler.stop)
                     self.finish()
@@ -104,12 +108,9 @@ class _Watcher:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        # with_stack: the trace's Python calls say on which line of the script a straggler's extra time goes
         self.profiler = torch.profiler.profile(
             activities=activities, schedule=torch.profiler.schedule(wait=0, warmup=WARMUP, active=ACTIVE, repeat=1),
-            with_stack=True,
             on_trace_ready=lambda p: p.export_chrome_trace(os.path.join(self.out_dir, f"rank{self.rank}.json")))
-        self.profiler.preset_metadata_json("script_files", self.json.dumps(_script_files()))
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         self.profiler.preset_metadata_json("threads_and_cores", self.json.dumps(
             {"threads": torch.get_num_threads(), "cores": len(cpus) or os.cpu_count(), "cpus": cpus,
@@ -137,11 +138,13 @@ class _Watcher:
         if self.done:
             return
         self.done = True
+        lines = self.sampler.stop() if self.sampler else {}
         try:
             with open(os.path.join(self.out_dir, f"rank{self.rank}.steps.json"), "w") as f:
                 self.json.dump({"stamps": self.stamps, "cpu_stamps": self.cpu_stamps, "needed": NEEDED, "timed": [UNTIMED, UNTIMED + TIMED],
                                 "profiled": [UNTIMED + TIMED + WARMUP, NEEDED], "error": self.failed,
-                                "stepped_back": self.stepped_back}, f)
+                                "stepped_back": self.stepped_back,
+                                "lines_ms": lines, "sampled_steps": ACTIVE}, f)
         except OSError:
             pass  # the doctor's folder is gone (it gave up on the run): nowhere to say it, and never the script's error
 
@@ -192,16 +195,42 @@ def _write_error(out_dir, error):
         pass  # the doctor's folder is gone: nowhere to say it, and never the script's error
 
 
-def _script_files():
-    """The script's own files as the trace names them (the profiler shortens a path by the sys.path entry it is
-    under; the script's folder is sys.path[0]): the script, and the modules loaded from under its folder."""
-    folder = os.path.dirname(os.path.abspath(sys.argv[0])) if sys.argv and sys.argv[0] else os.getcwd()
-    files = {os.path.basename(sys.argv[0])} if sys.argv and sys.argv[0] else set()
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None) or ""
-        if path.startswith(folder + os.sep) and "site-packages" not in path:
-            files.add(os.path.relpath(path, folder))
-    return sorted(files)
+class _Sampler:
+    """Where the training thread is, every INTERVAL s: the innermost line of the script's own files (under the
+    script's folder, not an installed package) on its stack, as {"train.py:75 in main": ms}. A thread that wakes
+    every few ms, not the profiler's with_stack, which records every Python call and slows a Python-heavy step many
+    times over: the lines say where a straggler's extra time goes."""
+    INTERVAL = 0.002
+
+    def __init__(self, thread_id):
+        import threading
+        self.thread_id, self.ms, self.running = thread_id, {}, True
+        self.folder = os.path.dirname(os.path.abspath(sys.argv[0])) + os.sep if sys.argv and sys.argv[0] else None
+        self.thread = threading.Thread(target=self.run, name="lessons-doctor-sampler", daemon=True)
+        self.thread.start()
+
+    def run(self):
+        import time
+        last = time.perf_counter()
+        while self.running:
+            time.sleep(self.INTERVAL)
+            now = time.perf_counter()
+            frame = sys._current_frames().get(self.thread_id)
+            while frame is not None and not self.own(frame.f_code.co_filename):
+                frame = frame.f_back
+            if frame is not None:
+                line = (f"{os.path.relpath(frame.f_code.co_filename, self.folder)}:{frame.f_lineno}"
+                        f" in {frame.f_code.co_name}")
+                self.ms[line] = self.ms.get(line, 0.0) + 1e3 * (now - last)
+            last = now
+
+    def own(self, path):
+        return bool(self.folder) and path.startswith(self.folder) and "site-packages" not in path
+
+    def stop(self):
+        self.running = False
+        self.thread.join(timeout=1)
+        return dict(self.ms)
 
 
 def _activate():  # the same guard as doctor_site/sitecustomize.py's: each site is loaded alone, by Python
