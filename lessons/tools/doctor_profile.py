@@ -244,10 +244,10 @@ def _threads_and_cores(meta: dict) -> dict:
     return (json.loads(seen) if isinstance(seen, str) else seen) or {}
 
 
-def oversubscribed(metas: dict[int, dict]) -> list[tuple[str, int, int, int]]:
-    """(host, ranks, threads, cores) for each host whose ranks' intra-op threads together exceed the cores they may
-    use together (the union of their CPU sets: ranks pinned to their own cores are not counted against each other's),
-    from what each trace says ("threads_and_cores": threads, the rank's CPUs or their count, its host)."""
+def _hosts(metas: dict[int, dict]) -> dict[str, tuple[int, int, int]]:
+    """{host: (ranks, their intra-op threads together, the cores they may use together)} from what each trace says
+    ("threads_and_cores": threads, the rank's CPUs or their count, its host). The cores are the union of the ranks'
+    CPU sets: ranks pinned to cores of their own are not counted against each other's."""
     hosts = {}
     for meta in metas.values():
         seen = _threads_and_cores(meta)
@@ -258,23 +258,18 @@ def oversubscribed(metas: dict[int, dict]) -> list[tuple[str, int, int, int]]:
         host[1] += int(seen["threads"])
         host[2] |= set(seen.get("cpus", []))
         host[3] = max(host[3], int(seen["cores"]))
-    return [(host, n, threads, len(cpus) or cores) for host, (n, threads, cpus, cores) in hosts.items()
-            if threads > (len(cpus) or cores)]
+    return {host: (n, threads, len(cpus) or cores) for host, (n, threads, cpus, cores) in hosts.items()}
+
+
+def oversubscribed(metas: dict[int, dict]) -> list[tuple[str, int, int, int]]:
+    """(host, ranks, threads, cores) for each host whose ranks' intra-op threads together exceed their cores."""
+    return [(host, n, threads, cores) for host, (n, threads, cores) in _hosts(metas).items() if threads > cores]
 
 
 def _cores_to_spare(metas: dict[int, dict]) -> float | None:
     """Cores a rank could give to loader workers: its host's cores less all its ranks' threads, per rank."""
-    hosts = {}
-    for meta in metas.values():
-        seen = _threads_and_cores(meta)
-        if seen:
-            host = hosts.setdefault(seen.get("host", "?"), [0, 0, set(), 0])
-            host[0], host[1] = host[0] + 1, host[1] + int(seen["threads"])
-            host[2] |= set(seen.get("cpus", []))
-            host[3] = max(host[3], int(seen["cores"]))
-    if not hosts:
-        return None
-    return min(((len(cpus) or cores) - threads) / n for n, threads, cpus, cores in hosts.values())
+    hosts = _hosts(metas)
+    return min((cores - threads) / n for n, threads, cores in hosts.values()) if hosts else None
 
 
 def _steps_by_number(ranks):
@@ -287,9 +282,10 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
     for each that would cost enough but does not stand clear of this run's noise ("can't judge", with the numbers).
 
     A part counts when it costs its SHARE of the step in MOST steps, and is found when its median share less that
-    median's uncertainty (from the shares' spread) still does. A straggler is a rank that others wait for at its collectives in MOST steps, by more
-    than ABOVE_NOISE times the spread of those waits and of their own steps' length without them, and by more than
-    the collectives' own transfer time (the last rank's)."""
+    median's uncertainty (from the shares' spread) still does. A straggler is a rank that others wait for at its
+    collectives in MOST steps, by more than ABOVE_NOISE times the spread of those waits and of their own steps'
+    length without them, and by more than the collectives' own transfer time (the last rank's); unless its extra
+    time is in ops that got no more CPU time than the others' (_starved: other programs held its cores)."""
     metas = metas or {}
     ranks = {rank: steps for rank, steps in ranks.items() if steps}
     if not ranks:
@@ -328,16 +324,18 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
             transfer = statistics.median(step[slow].transfer.get(slow, 0.0) for step in by_step)
             # the noise: how much the waits and the steps scatter; and a wait shorter than the collective's own
             # transfer is within what any collective costs
-            noise = max(_spread(caused), statistics.median(_spread(s.total - s.waiting for s in ranks[r]) for r in others))
+            noise = max(_spread(caused),
+                        statistics.median(_spread(s.total - s.waiting for s in ranks[r]) for r in others))
             late = sum(c > max(noise, transfer) for c in caused)
-            starved = _starved(slow, others, ranks, metas, effect)
-            if late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer and starved:
+            clear = late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer
+            starved = clear and _starved(slow, others, ranks, metas, effect)
+            if starved:
                 unsure.append(f"can't judge whether rank {slow} is a straggler: the others wait for it {effect:.1f} ms"
                               f" of their {step_ms:.1f} ms step, in {late} of {n} steps, but its longer ops got no"
                               f" more CPU time than theirs ({starved[0]:.1f} against {starved[1]:.1f} CPU-ms a step):"
                               f" its threads waited for a core that other programs held, not for more work. Run it"
                               f" with the cores free")
-            elif late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer:
+            elif clear:
                 found.append((effect / step_ms, _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late,
                                                            n)))
             elif effect >= max(noise, transfer):  # above the noise, not clear of it: say so; below it, nothing

@@ -141,7 +141,8 @@ class _Watcher:
         lines = self.sampler.stop() if self.sampler else {}
         try:
             with open(os.path.join(self.out_dir, f"rank{self.rank}.steps.json"), "w") as f:
-                self.json.dump({"stamps": self.stamps, "cpu_stamps": self.cpu_stamps, "needed": NEEDED, "timed": [UNTIMED, UNTIMED + TIMED],
+                self.json.dump({"stamps": self.stamps, "cpu_stamps": self.cpu_stamps, "needed": NEEDED,
+                                "timed": [UNTIMED, UNTIMED + TIMED],
                                 "profiled": [UNTIMED + TIMED + WARMUP, NEEDED], "error": self.failed,
                                 "stepped_back": self.stepped_back,
                                 "lines_ms": lines, "sampled_steps": ACTIVE}, f)
