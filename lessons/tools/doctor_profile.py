@@ -285,7 +285,7 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
     median's uncertainty (from the shares' spread) still does. A straggler is a rank that others wait for at its
     collectives in MOST steps, by more than ABOVE_NOISE times the spread of those waits and of their own steps'
     length without them, and by more than the collectives' own transfer time (the last rank's); unless its extra
-    time is in ops that got no more CPU time than the others' (_starved: other programs held its cores)."""
+    time is the machine's, not its own (_why_late)."""
     metas = metas or {}
     ranks = {rank: steps for rank, steps in ranks.items() if steps}
     if not ranks:
@@ -328,16 +328,13 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
                         statistics.median(_spread(s.total - s.waiting for s in ranks[r]) for r in others))
             late = sum(c > max(noise, transfer) for c in caused)
             clear = late >= most and effect >= ABOVE_NOISE * noise and effect >= transfer
-            starved = clear and _starved(slow, others, ranks, metas, effect)
-            if starved:
+            kind, because = _why_late(slow, others, ranks, metas, effect) if clear else ("", "")
+            if kind == "machine":
                 unsure.append(f"can't judge whether rank {slow} is a straggler: the others wait for it {effect:.1f} ms"
-                              f" of their {step_ms:.1f} ms step, in {late} of {n} steps, but its longer ops got no"
-                              f" more CPU time than theirs ({starved[0]:.1f} against {starved[1]:.1f} CPU-ms a step):"
-                              f" its threads waited for a core that other programs held, not for more work. Run it"
-                              f" with the cores free")
+                              f" of their {step_ms:.1f} ms step, in {late} of {n} steps, but {because}")
             elif clear:
                 found.append((effect / step_ms, _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late,
-                                                           n)))
+                                                           n, because)))
             elif effect >= max(noise, transfer):  # above the noise, not clear of it: say so; below it, nothing
                 unsure.append(f"can't judge whether rank {slow} is a straggler: the others wait for it {effect:.1f} ms"
                               f" of their {step_ms:.1f} ms step, against this run's noise: waits and steps that"
@@ -369,22 +366,35 @@ def judge(ranks: dict[int, list[Step]], metas: dict[int, dict] | None = None) ->
     return [f for _, f in sorted(found, key=lambda pair: -pair[0])], unsure
 
 
-def _starved(slow, others, ranks, metas, effect) -> tuple[float, float] | None:
-    """(its CPU-ms a step, the others') when a late CPU rank's extra time is in its ops (compute) and yet its threads
-    got no more CPU time than the others' (less than half its lateness more): the same work, waiting for a core
-    that other programs held. None otherwise, or where the instruments did not record the CPU time."""
-    if any(s.gpu for s in ranks[slow]) or any("cpu_and_wall_ms" not in metas.get(r, {}) for r in [slow, *others]):
-        return None
-    compute = statistics.median(s.compute for s in ranks[slow])
-    theirs = statistics.median(s.compute for r in others for s in ranks[r])
-    cpu = metas[slow]["cpu_and_wall_ms"][0]
-    their_cpu = statistics.median(metas[r]["cpu_and_wall_ms"][0] for r in others)
-    if compute - theirs >= effect / 2 and cpu - their_cpu < effect / 2:
-        return cpu, their_cpu
-    return None
+def _why_late(slow, others, ranks, metas, effect) -> tuple[str, str]:
+    """What makes a late rank late, from its own time: ("longer", what) when a part of its step is longer than the
+    others' by at least half its lateness (its ops, its loader, or time no op records: a sleep, Python); ("own time",
+    what) when none is, yet it has that much time no op records (late at one collective, early at another);
+    ("machine", why) when its longer ops or loading got no more CPU time than the others' (its threads waited for a
+    core that other programs held), or when nothing of its own explains the lateness (the OS ran it later)."""
+    mine = {p: statistics.median(getattr(s, p) for s in ranks[slow]) for p in ("compute", "loader", "other")}
+    theirs = {p: statistics.median(getattr(s, p) for r in others for s in ranks[r]) for p in mine}
+    part = max(mine, key=lambda p: mine[p] - theirs[p])
+    extra = mine[part] - theirs[part]
+    cpu = {r: metas.get(r, {}).get("cpu_and_wall_ms", [None])[0] for r in [slow, *others]}
+    on_cpu = not any(s.gpu for s in ranks[slow]) and None not in cpu.values()
+    if extra >= effect / 2 and part != "other":
+        their_cpu = statistics.median(cpu[r] for r in others) if on_cpu else None
+        if on_cpu and cpu[slow] - their_cpu < effect / 2:
+            return "machine", (f"its longer {'ops' if part == 'compute' else 'loading'} got no more CPU time than"
+                               f" theirs ({cpu[slow]:.1f} against {their_cpu:.1f} CPU-ms a step): its threads waited"
+                               f" for a core that other programs held, not for more work. Run it with the cores free")
+        return "longer", f"it spends {extra:.1f} ms a step more than they do in {part}"
+    if extra >= effect / 2:
+        return "longer", f"it spends {extra:.1f} ms a step more than they do in work the profiler does not record"
+    if mine["other"] >= effect / 2:
+        return "own time", (f"its steps are no longer than theirs, but {mine['other']:.1f} ms a step of it is in no op"
+                            f" (a sleep, Python): late at this collective, early at another")
+    return "machine", (f"nothing of its own makes it late: no part of its step is longer than theirs, and"
+                       f" {mine['other']:.1f} ms a step is in no op. The OS ran it later (a busy machine), not its code")
 
 
-def _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late, n) -> Finding:
+def _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late, n, because) -> Finding:
     wheres = [step[slow].late_at.get(slow) for step in by_step if step[slow].late_at.get(slow)]
     at = f" at {max(set(wheres), key=wheres.count)}" if wheres else ""
     # where its extra time goes: the script's line it spends longest at against the others (the instruments sample
@@ -393,20 +403,11 @@ def _straggler(slow, others, ranks, metas, by_step, effect, step_ms, late, n) ->
     extra = {line: ms - statistics.median(lines[r].get(line, 0.0) for r in others) for line, ms in lines[slow].items()}
     if extra and max(extra.values()) >= effect / 2:
         line = max(extra, key=extra.get)
-        where = f"its extra time is at {line} (+{extra[line]:.1f} ms a step)"
-    else:
-        mine = {p: statistics.median(getattr(s, p) for s in ranks[slow]) for p in ("compute", "loader", "other")}
-        theirs = {p: statistics.median(getattr(s, p) for r in others for s in ranks[r]) for p in mine}
-        part = max(mine, key=lambda p: mine[p] - theirs[p])
-        if mine[part] - theirs[part] >= effect / 2:
-            where = (f"it spends {mine[part] - theirs[part]:.1f} ms a step more than they do in"
-                     f" {'work the profiler does not record (Python, a sleep)' if part == 'other' else part}")
-        else:  # late at one collective, early at another: no part of its own step is longer
-            where = "its steps are no longer than theirs: it arrives late at this collective, and early at another"
+        because = f"its extra time is at {line} (+{extra[line]:.1f} ms a step)"
     return Finding("straggler", (
         f"rank {slow} arrives last: the other ranks wait for it {effect:.1f} ms of their {step_ms:.1f} ms step"
-        f" ({100 * effect / step_ms:.0f}%){at}, last in {late} of {n} steps; {where} — give every rank the same work"
-        f" (batch, data, no rank-0-only work inside the loop), lesson 06b"))
+        f" ({100 * effect / step_ms:.0f}%){at}, last in {late} of {n} steps; {because} — give every rank the same"
+        f" work (batch, data, no rank-0-only work inside the loop), lesson 06b"))
 
 
 def _loader_line(rank, steps, share, metas) -> str:
