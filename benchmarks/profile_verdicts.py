@@ -31,7 +31,7 @@ CASES = {
     "straggler-in-annotation": (["--case", "straggler-in-annotation", "--sleep-ms", "60"], ["straggler"]),
     "late-both": (["--case", "late-both", "--sleep-ms", "30"], ["straggler", "straggler"]),
     "loader": (["--case", "loader"], ["loader-bound"]),
-    "by-hand": (["--case", "by-hand", "--width", "1024", "--batch", "16"], ["exposed-communication"]),
+    "by-hand": (["--case", "by-hand", "--width", "2048", "--batch", "8"], ["exposed-communication"]),
 }
 
 
