@@ -17,7 +17,7 @@ GPU_CELLS = [
     ("01_dataparallel.ipynb", 6, 2),
     ("02b_ring_allreduce_from_scratch.ipynb", 21, 2),
     ("06_data_loading.ipynb", 16, 1),
-    ("06b_where_the_time_goes.ipynb", 28, 2),
+    ("06b_where_the_time_goes.ipynb", 29, 2),
     ("07_checkpoints.ipynb", 16, 1),
     ("08b_syncbatchnorm_in_a_model.ipynb", 10, 2),
     ("09_gradient_accumulation.ipynb", 12, 1),
