@@ -19,13 +19,16 @@ from lessons.tools.failure import failure, last_exception
 from lessons.tools.rank_output import Attempt, LaunchResult
 
 
-def run_under_the_instruments(tmp_path, script, *args):
-    """SCRIPT run as rank 0 with the instruments loaded by Python, as the doctor loads them: its stdout, and the
-    rank's steps.json."""
-    (tmp_path / "script.py").write_text(textwrap.dedent(script))
+def run_under_the_instruments(tmp_path, script, *args, folder=".", cwd="."):
+    """SCRIPT, written to TMP_PATH/FOLDER/script.py, run from TMP_PATH/CWD as rank 0 with the instruments loaded by
+    Python, as the doctor loads them: its stdout, and the rank's steps.json."""
+    for name in (folder, cwd):
+        (tmp_path / name).mkdir(exist_ok=True)
+    (tmp_path / folder / "script.py").write_text(textwrap.dedent(script))
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "LESSONS_DOCTOR_RANK_PID")}
     env.update(RANK="0", LOCAL_RANK="0", LESSONS_DOCTOR_DIR=str(tmp_path), PYTHONPATH=str(PROFILE_SITE_DIR))
-    done = subprocess.run([sys.executable, "script.py", *args], cwd=tmp_path, env=env, capture_output=True,
+    path = os.path.relpath(tmp_path / folder / "script.py", tmp_path / cwd)
+    done = subprocess.run([sys.executable, path, *args], cwd=tmp_path / cwd, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr  # SIGSEGV is -11
     assert not (tmp_path / "rank0.error").exists(), (tmp_path / "rank0.error").read_text()
@@ -37,7 +40,7 @@ def test_torch_is_the_scripts_to_import_and_a_recreated_optimizer_is_followed(tm
     any machine grants; the old instruments imported torch first and gave every core). The optimizer re-created
     every 6 steps is one training: its 12 steps are the 10 --profile needs (the old ones counted the first 6)."""
     stdout, steps = run_under_the_instruments(tmp_path, """
-        import os, sys
+        import os, sys, time
         print("torch imported before the script:", "torch" in sys.modules)
         os.environ["OMP_NUM_THREADS"] = "1"
         import torch
@@ -47,10 +50,16 @@ def test_torch_is_the_scripts_to_import_and_a_recreated_optimizer_is_followed(tm
             if step % 6 == 0:
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
             model(torch.randn(4, 8)).sum().backward()
+            time.sleep(0.02)  # where the recorded steps go
             optimizer.step()
             optimizer.zero_grad()
-    """)
+    """, folder="ddp_scripts", cwd="notebooks")  # as a notebook starts ../ddp_scripts/X.py: frames keep the ".."
     assert stdout.splitlines() == ["torch imported before the script: False", "threads: 1"]
+    # the sampled lines name the script (started through "..") at its sleep, about 20 ms a recorded step
+    source = (tmp_path / "ddp_scripts" / "script.py").read_text().splitlines()
+    sleep_line = next(i for i, line in enumerate(source, 1) if "time.sleep" in line)
+    assert max(steps["lines_ms"], key=steps["lines_ms"].get) == f"script.py:{sleep_line} in <module>", steps
+    assert steps["lines_ms"][f"script.py:{sleep_line} in <module>"] / steps["sampled_steps"] > 10
     assert (len(steps["stamps"]), steps["error"]) == (10, None)
     trace = json.loads((tmp_path / "rank0.json").read_text())
     assert trace["threads_and_cores"]["threads"] == 1  # the profile saw the script's threads too

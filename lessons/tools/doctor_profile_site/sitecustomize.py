@@ -205,7 +205,7 @@ class _Sampler:
 
     def __init__(self, thread_id):
         import threading
-        self.thread_id, self.ms, self.running = thread_id, {}, True
+        self.thread_id, self.ms, self.running, self.seen = thread_id, {}, True, {}
         self.folder = os.path.dirname(os.path.abspath(sys.argv[0])) + os.sep if sys.argv and sys.argv[0] else None
         self.thread = threading.Thread(target=self.run, name="lessons-doctor-sampler", daemon=True)
         self.thread.start()
@@ -220,13 +220,17 @@ class _Sampler:
             while frame is not None and not self.own(frame.f_code.co_filename):
                 frame = frame.f_back
             if frame is not None:
-                line = (f"{os.path.relpath(frame.f_code.co_filename, self.folder)}:{frame.f_lineno}"
+                line = (f"{os.path.relpath(os.path.abspath(frame.f_code.co_filename), self.folder)}:{frame.f_lineno}"
                         f" in {frame.f_code.co_name}")
                 self.ms[line] = self.ms.get(line, 0.0) + 1e3 * (now - last)
             last = now
 
     def own(self, path):
-        return bool(self.folder) and path.startswith(self.folder) and "site-packages" not in path
+        """A file of the script's own (a frame names it as the script was started: a relative path, maybe)."""
+        if path not in self.seen:
+            full = os.path.abspath(path)
+            self.seen[path] = bool(self.folder) and full.startswith(self.folder) and "site-packages" not in full
+        return self.seen[path]
 
     def stop(self):
         self.running = False
