@@ -15,7 +15,7 @@ from lessons.tools.doctor_profile import (PARTS, PROFILE_CODES, breakdown, judge
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(), cpu_ms=None):
+def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(), cpu_ms=None, lines=True):
     """A Chrome trace as torch.profiler writes one: each step (ms) is loader, compute, then communication with the
     training thread idle (exposed), then time nothing records. hidden: communication during the compute."""
     events, t = [], start
@@ -52,7 +52,8 @@ def trace(path, rank, steps, threads=1, cores=2, gpu=False, start=1000.0, cpus=(
         t += total
     meta = {"distributedInfo": {"rank": rank, "world_size": 2}, "host_name": "node0",
             # where the training thread was, as the instruments sample it (read_profile): a sleep at line 75
-            "lines_ms_a_step": {"train.py:75 in main": steps[0].get("before", 0), "train.py:80 in main": 80},
+            "lines_ms_a_step": {"train.py:75 in main": steps[0].get("before", 0) if lines else 0,
+                                "train.py:80 in main": 80},
             "threads_and_cores": json.dumps({"threads": threads, "cores": cores, "host": "node0",
                                              "cpus": list(cpus)[2 * rank:2 * rank + 2] if cpus else []})}
     if cpu_ms:  # the CPU time the rank's threads got a step, as the instruments record it (read_profile)
@@ -160,7 +161,10 @@ def test_a_rank_slowed_by_other_programs_is_not_the_scripts_straggler(tmp_path):
         " steps, but its longer ops got no more CPU time than theirs (81.0 against 80.0 CPU-ms a step): its threads"
         " waited for a core that other programs held, not for more work. Run it with the cores free"]
     codes, _, _, _ = judged(tmp_path, [{"exposed": 155}] * STEPS, [{"before": 150}] * STEPS, cpu_ms=[80, 80])
-    assert codes == ["straggler"]  # a sleep: its time is in no op, whatever the CPU time
+    assert codes == ["straggler"]  # a sleep at a line of the script: its time is in no op, whatever the CPU time
+    codes, unsure, _, _ = judged(tmp_path, [{"exposed": 155}] * STEPS, [{"before": 150}] * STEPS, cpu_ms=[80, 80],
+                                 lines=False)  # the same time in no op, but at no line of the script: the machine
+    assert codes == [] and "are in no op and at no line of the script" in unsure[0]
 
 
 def two_collectives(tmp_path, ops):

@@ -386,6 +386,14 @@ def _why_late(slow, others, ranks, metas, effect) -> tuple[str, str]:
                                f" for a core that other programs held, not for more work. Run it with the cores free")
         return "longer", f"it spends {extra:.1f} ms a step more than they do in {part}"
     if extra >= effect / 2:
+        lines = {r: metas.get(r, {}).get("lines_ms_a_step") for r in [slow, *others]}
+        if all(lines.values()):  # sampled: a sleep or Python of the script's own is at one of its lines
+            at_line = max(ms - statistics.median(lines[r].get(line, 0.0) for r in others)
+                          for line, ms in lines[slow].items())
+            if at_line < effect / 2:
+                return "machine", (f"its extra {extra:.1f} ms a step are in no op and at no line of the script (the"
+                                   f" instruments sample its lines): the OS ran it later (a busy machine), not its"
+                                   f" code")
         return "longer", f"it spends {extra:.1f} ms a step more than they do in work the profiler does not record"
     if mine["other"] >= effect / 2:
         return "own time", (f"its steps are no longer than theirs, but {mine['other']:.1f} ms a step of it is in no op"
