@@ -114,6 +114,15 @@ MISTAKE_HINTS = [
     ("pipeline_schedule", "pipeline_no_warmup.py", "the stages take 16 steps with 2 stages and 4 micro-batches where "
      "1F1B takes 10 (a forward and a backward one step each): the pipeline is idle 0.50 of the time, 1F1B's bubble "
      "(N - 1)/(M + N - 1) = 0.20: no warm-up: the stages never overlap"),
+    # right at 2 and 4 stages with 4 micro-batches, the sizes the check once ran alone
+    ("pipeline_schedule", "pipeline_warmup_not_capped.py", "stage 0 runs 3 forwards before its first backward with 4 "
+     "stages and 2 micro-batches, and there are only 2 micro-batches (it runs the forward of micro-batch 2, which does "
+     "not exist): cap the warm-up at the micro-batches there are, min(microbatches, num_stages - 1 - stage) forwards"),
+    ("pipeline_schedule", "pipeline_power_of_two_only.py", "the stages deadlock with 3 stages and 4 micro-batches: "
+     "stage 0 waits to run B0 for stage 1's B0; stage 1 waits to run F3 for stage 0's F3; stage 2 waits to run F3 for "
+     "stage 1's F3, and each of those waits too. A stage must send the next stage every forward it needs before it "
+     "waits for a gradient: stage 1 runs 4 forward(s) before its first backward, where 1F1B runs 2: a warm-up of "
+     "min(microbatches, num_stages - 1 - stage) = 1"),
 ]
 
 

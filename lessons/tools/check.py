@@ -90,8 +90,9 @@ EXERCISES = {  # exercises/README.md's table is made from these (python -m lesso
         ("one_f_one_b",),
         defines="`one_f_one_b(stage, num_stages, microbatches) -> list`: one stage's 1F1B order of forwards and "
                 "backwards",
-        checked_at="2 and 4 stages: read before a launch (deadlock, order, memory, length against 1F1B's), then run "
-                   "on real ranks against one process",
+        checked_at="2, 3, 4, 5, 8 stages, and fewer micro-batches than stages: read before a launch (deadlock, "
+                   "order, memory, length against 1F1B's), then run on real ranks against one process at 2, 3, 4 "
+                   "stages",
         before_launch="pipeline_orders.py"),  # the orders alone name most mistakes: a second, not a launch
 }
 

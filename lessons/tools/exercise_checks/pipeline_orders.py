@@ -6,7 +6,14 @@ names a mistake from the orders alone, in a fraction of a second, before it laun
 Its length too: with a forward and a backward taking one step each, 1F1B runs M micro-batches on N stages in
 2(M + N - 1) steps, idle a fraction (N - 1)/(M + N - 1) of them (the bubble); an order that takes longer is named,
 with its own bubble.
+
+CASES are the (stages, micro-batches) it reads, the first that fails named: 2, 3, 4, 5 and 8 stages (3 and 5: an order
+right only at a power of two), and fewer micro-batches than stages (2 on 3 and 4 stages, 4 on 5 and 8: a warm-up
+num_stages - 1 - stage not capped by the micro-batches there are). 2 stages and 4 micro-batches come first: the
+smallest case names most mistakes.
 """
+
+CASES = ((2, 4), (3, 4), (4, 4), (5, 4), (4, 8), (3, 2), (4, 2), (8, 4))
 
 
 def order_mistake(orders: list, microbatches: int) -> str | None:
@@ -20,6 +27,11 @@ def order_mistake(orders: list, microbatches: int) -> str | None:
                 for op in order):
             return (f"one_f_one_b({s}, {stages}, {microbatches}) must return a list of ('F', m) and ('B', m) "
                     f"tuples, not {order!r:.80}")
+        if warmup(order) > microbatches:  # before the micro-batch count: what is wrong is the warm-up's length
+            return (f"stage {s} runs {warmup(order)} forwards before its first backward {where}, and there are only "
+                    f"{microbatches} micro-batches (it runs the forward of micro-batch {microbatches}, which does not "
+                    "exist): cap the warm-up at the micro-batches there are, min(microbatches, num_stages - 1 - stage)"
+                    " forwards")
         for kind, name in (("F", "forward"), ("B", "backward")):
             runs = [m for k, m in order if k == kind]
             lost = sorted(set(range(microbatches)) - set(runs))
@@ -58,9 +70,13 @@ def order_mistake(orders: list, microbatches: int) -> str | None:
             kind, m = orders[s][position[s]]
             other = s - 1 if kind == "F" else s + 1
             waits.append(f"stage {s} waits to run {kind}{m} for stage {other}'s {kind}{m}")
+        off = [t for t in range(stages) if warmup(orders[t]) != min(microbatches, stages - t)]
+        how = ("warm up with num_stages - 1 - stage forwards" if not off else
+               f"stage {off[0]} runs {warmup(orders[off[0]])} forward(s) before its first backward, where 1F1B runs "
+               f"{min(microbatches, stages - off[0])}: a warm-up of min(microbatches, num_stages - 1 - stage) = "
+               f"{min(microbatches, stages - 1 - off[0])}, then one forward and one backward")
         return (f"the stages deadlock {where}: {'; '.join(waits)}, and each of those waits too. A stage must send "
-                "the next stage every forward it needs before it waits for a gradient: warm up with "
-                "num_stages - 1 - stage forwards")
+                f"the next stage every forward it needs before it waits for a gradient: {how}")
     for s, order in enumerate(orders):
         held, peak = set(), 0
         for kind, m in order:
@@ -76,7 +92,7 @@ def order_mistake(orders: list, microbatches: int) -> str | None:
                     "forwards first is GPipe, whose memory grows with the micro-batches)")
     steps, best = schedule_length(orders), 2 * (microbatches + stages - 1)
     if steps > best:
-        warmups = [next((i for i, (kind, _) in enumerate(order) if kind == "B"), len(order)) for order in orders]
+        warmups = [warmup(order) for order in orders]
         short = [s for s in range(stages) if warmups[s] < min(microbatches, stages - s)]
         why = ("no warm-up: the stages never overlap, each micro-batch goes through every stage and back before the"
                " next starts" if all(w == 1 for w in warmups) else
@@ -87,6 +103,12 @@ def order_mistake(orders: list, microbatches: int) -> str | None:
                 f" (N - 1)/(M + N - 1) = {(stages - 1) / (microbatches + stages - 1):.2f}: {why}. Warm up with"
                 " num_stages - 1 - stage forwards, then alternate one forward and one backward")
     return None
+
+
+def warmup(order: list) -> int:
+    """The forwards a stage runs before its first backward: 1F1B's min(microbatches, num_stages - stage) (its warm-up
+    of num_stages - 1 - stage forwards, then the steady state's first)."""
+    return next((i for i, (kind, _) in enumerate(order) if kind == "B"), len(order))
 
 
 def schedule_length(orders: list) -> int:
@@ -109,7 +131,20 @@ def schedule_length(orders: list) -> int:
     return max(free)
 
 
-def check_file(path: str, cases=((2, 4), (4, 4), (4, 8))) -> str | None:
+def read(one_f_one_b, cases=CASES) -> str | None:
+    """The learner's one_f_one_b called for every stage at each (stages, micro-batches): the first mistake, or None."""
+    try:
+        for stages, microbatches in cases:
+            mistake = order_mistake([one_f_one_b(s, stages, microbatches) for s in range(stages)], microbatches)
+            if mistake:
+                return mistake
+    except Exception as error:  # noqa: BLE001  the learner's code: one line that names it
+        first = (str(error).strip().splitlines() or [""])[0]
+        return f"one_f_one_b() raised {type(error).__name__}: {first}"
+    return None
+
+
+def check_file(path: str, cases=CASES) -> str | None:
     """Import the learner's file by path and read the orders of one_f_one_b at each (stages, micro-batches)."""
     import importlib.util
 
@@ -117,15 +152,10 @@ def check_file(path: str, cases=((2, 4), (4, 4), (4, 8))) -> str | None:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-        for stages, microbatches in cases:
-            orders = [module.one_f_one_b(s, stages, microbatches) for s in range(stages)]
-            mistake = order_mistake(orders, microbatches)
-            if mistake:
-                return mistake
     except Exception as error:  # noqa: BLE001  the learner's code: one line that names it
         first = (str(error).strip().splitlines() or [""])[0]
         return f"one_f_one_b() raised {type(error).__name__}: {first}"
-    return None
+    return read(module.one_f_one_b, cases)
 
 
 if __name__ == "__main__":  # python pipeline_orders.py LEARNER_FILE: prints the mistake, or nothing
