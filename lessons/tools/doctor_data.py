@@ -72,12 +72,13 @@ def _same_samples(trained, samplers, nproc, events) -> list[Finding]:
     for key, p in trained[reference_rank].items():
         if p.indices is None:
             continue
-        # A pass that draws more than the data set holds (an endless sampler: one pass of many epochs) is judged on
-        # each rank's first share of one epoch: over many epochs any two ranks' draws cover the whole set, sharded
-        # or not. Sharded, those shares are apart; drawn independently at random they overlap by 1/N: a finding
-        # needs more than halfway from that to all of it.
+        # A pass of more than one epoch (an endless sampler; a sampler of the script's own that yields several
+        # epochs): it draws more than the data set holds, or one sample twice. It is judged on each rank's first
+        # share of one epoch: over many epochs any two ranks' draws cover the whole set, sharded or not. Sharded,
+        # those shares are apart; drawn independently at random they overlap by 1/N: a finding needs more than
+        # halfway from that to all of it.
         length = p.loader["length"]
-        endless = bool(length) and len(p.indices) > length
+        endless = bool(length) and (len(p.indices) > length or len(set(p.indices)) < len(p.indices))
         window = -(-length // nproc) if endless else None
         limit = (1 + 1 / nproc) / 2 if endless else SAME_SAMPLES
         mine = set(p.indices[:window])
@@ -168,11 +169,18 @@ def _sampler_epochs(passes, samplers) -> list[Finding]:
     return []
 
 
+CARRY_DATA = {"all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+              "all_to_all", "all_to_all_single", "gather", "all_gather_object", "gather_object"}  # not a barrier,
+# nor a broadcast (one rank's value sent to all: it shares a decision, it combines nothing)
+
+
 def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
     """Passes with no optimizer step (evaluations), matched between ranks by their loader's site and their order
-    there, judged by what the ranks drew: shares (each rank its part of the data set), padding (a sample in two
-    ranks' shares, or twice in one), and whether the script then combined the shares with a collective before its
-    next step. Without the indices, a DistributedSampler that pads (len(data) not a multiple of the ranks)."""
+    there, judged by what the ranks drew, each index taken through the loader's Subsets to the data set beneath:
+    shares (each rank its part of one set, whatever made them: a DistributedSampler, a Subset per rank, a sampler of
+    the script's own), padding (a sample in two ranks' shares, or twice in one), and whether a collective that
+    carries data combined the shares before training went on. Without the indices, a DistributedSampler that pads
+    (len(data) not a multiple of the ranks)."""
     if nproc < 2:
         return []
     found = []
@@ -184,35 +192,42 @@ def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
                 continue
             k = seen[p.loader["site"]] = seen.get(p.loader["site"], 0) + 1
             evaluations.setdefault((p.loader["site"], k), {})[rank] = p
+    training = {rank: {(p.loader["loader"], p.number) for p in ps if p.trained} for rank, ps in passes.items()}
     for (site, k), by_rank in evaluations.items():
         first_rank = min(by_rank)
-        drawn = {rank: p.indices for rank, p in by_rank.items() if p.indices is not None and p.ended}
+        drawn = {rank: _beneath(p) for rank, p in by_rank.items() if p.ended and _beneath(p) is not None}
         sets = {rank: set(d) for rank, d in drawn.items()}
-        if len(drawn) == len(passes) and len({frozenset(x) for x in sets.values()}) > 1 \
-                and len({p.loader["dataset"] for p in by_rank.values()}) == 1:  # shares of one data set
-            combined = _collective_after(events[first_rank], by_rank[first_rank])
+        one_set = len({_base(p) for p in by_rank.values()}) == 1
+        if len(drawn) == len(passes) and len({frozenset(x) for x in sets.values()}) > 1 and one_set:
+            combined = _combined_after(events[first_rank], by_rank[first_rank], training[first_rank])
             if not combined and not any(f.code == "unreduced-evaluation" for f in found):
                 mine = len(drawn[first_rank])
                 found.append(Finding("unreduced-evaluation", (
-                    f"an evaluation pass (no optimizer step) in which each rank drew its own share ({mine} samples on"
-                    f" rank {first_rank}, {len(set().union(*sets.values()))} on the {len(drawn)} ranks together),"
-                    " and no collective of the script combined the ranks' results before the next step: what rank 0"
-                    " reports is its own share's metric. Sum the counts and totals over the ranks (dist.all_reduce),"
-                    " or evaluate the whole set on one rank (lesson 05)"), site))
+                    f"an evaluation pass (no optimizer step) in which each rank drew its own share of one data set"
+                    f" ({mine} samples on rank {first_rank}, {len(set().union(*sets.values()))} on the {len(drawn)}"
+                    " ranks together), and no collective that carries data (a reduction or a gather: not a barrier)"
+                    " combined the ranks' results before training went on: each rank's metric, and any decision"
+                    " taken from it (the best checkpoint, early stopping), is its own share's. Sum the counts and"
+                    " totals over the ranks (dist.all_reduce), or evaluate the whole set on one rank (lesson 05)"),
+                    site))
                 continue
             every = [i for d in drawn.values() for i in d]
             repeated = len(every) - len(set(every))
-            summed = combined & {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
-            # Summed, the padding counts twice; gathered, the script holds each sample's result and can drop the
-            # padding (Accelerate's gather_for_metrics does): no claim.
-            if summed and repeated and not any(f.code == "padded-evaluation" for f in found):
+            # Reduced, the padding counts twice; gathered, the script holds each sample's result and can drop the
+            # padding (Accelerate's gather_for_metrics does): no claim. Padding is a sampler's, over one data set on
+            # every rank: shares of Subsets that differ between ranks and overlap (an unseeded random_split) are
+            # datasets-differ's.
+            one_loader_set = len({p.loader["dataset"] for p in by_rank.values()}) == 1
+            if combined & REDUCTIONS and repeated and one_loader_set \
+                    and not any(f.code == "padded-evaluation" for f in found):
                 length = by_rank[first_rank].loader["length"]
                 of = f" of {length}" if length else ""
                 found.append(Finding("padded-evaluation", (
                     f"an evaluation pass (no optimizer step) whose shares hold {repeated} sample(s) twice: the"
                     f" {len(drawn)} ranks drew {len(every)} indices{of}, {len(set(every))} of them different (shards"
-                    " padded to one length), so a metric summed over the ranks counts those twice. Exact: evaluate"
-                    " on one rank, or count only each sample's first appearance (lesson 05)"), site))
+                    " padded to one length), so a metric reduced over the ranks (a sum of counts, or a mean of the"
+                    " ranks' means) counts those twice. Exact: evaluate on one rank, or count only each sample's"
+                    " first appearance (lesson 05)"), site))
             continue
         if drawn:
             continue  # every rank the same samples (each evaluates all), or one rank alone: nothing padded
@@ -226,25 +241,45 @@ def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
             found.append(Finding("padded-evaluation", (
                 f"an evaluation pass (no optimizer step) over a DistributedSampler of {length} samples on"
                 f" {replicas} ranks: it pads the shards to {(length + padded) // replicas} each by repeating"
-                f" {padded} sample(s), so a metric summed over the ranks counts them twice. Exact: evaluate"
-                " on one rank, or count only each sample's first appearance (lesson 05)"), site))
+                f" {padded} sample(s), so a metric reduced over the ranks (a sum of counts, or a mean of the ranks'"
+                " means) counts them twice. Exact: evaluate on one rank, or count only each sample's first"
+                " appearance (lesson 05)"), site))
     return found
 
 
-def _collective_after(events, p) -> set:
-    """The collectives (their ops) the script made from pass P's start, batch after batch (a metric all-reduced
-    each batch) and after its last, until the next optimizer step (or the end): how the ranks' shares were
-    combined, if at all."""
+REDUCTIONS = {"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"}
+
+
+def _base(p) -> str:
+    """The data set a pass's indices name, beneath the loader's Subsets."""
+    return p.loader.get("base_dataset") or p.loader["dataset"]
+
+
+def _beneath(p) -> list | None:
+    """The pass's indices as indices into the data set beneath the loader's Subsets (base_indices maps them)."""
+    mapping = p.loader.get("base_indices")
+    if p.indices is None or mapping is None:
+        return p.indices
+    return [mapping[i] if 0 <= i < len(mapping) else -1 - i for i in p.indices]
+
+
+def _combined_after(events, p, training) -> set:
+    """The collectives that carry data (CARRY_DATA) the script made from pass P's start, batch after batch (a
+    metric all-reduced each batch) and after its last, until training went on: a training pass's next batch or
+    start (TRAINING: its (loader, number) keys), an optimizer step, or the end. A loss all-reduced for the log in
+    the next training step is after that, and combines nothing of the evaluation's."""
     mine = [i for i, e in enumerate(events) if e["event"] in ("pass", "batch", "pass_end")
             and e.get("loader") == p.loader["loader"] and e.get("number") == p.number]
     if not mine:
         return set()
     steps, ops = events[mine[-1]].get("steps", 0), set()
     for e in events[mine[0] + 1:]:
-        if e["event"] == "collective":
-            ops.add(e["op"])
+        if e["event"] in ("pass", "batch") and (e["loader"], e["number"]) in training:
+            break
         if e.get("steps", steps) > steps:
             break
+        if e["event"] == "collective" and e["op"] in CARRY_DATA:
+            ops.add(e["op"])
     return ops
 
 
