@@ -145,7 +145,11 @@ def _param_name(name: str) -> str:
     return f"parameter {rest}" if group.startswith("ddp") else f"the optimizer's parameter #{rest}"
 
 
-def _collectives_differ(events: dict[int, list[dict]], crashed: bool) -> list[Finding]:
+def _collectives_differ(events: dict[int, list[dict]], crashed: bool, failed=frozenset()) -> list[Finding]:
+    """The first call at which the ranks' collectives part. When one side's call sits in an `if` that the other
+    side went past (another call at that place, or more training since), the branch is named (collective-in-branch);
+    otherwise the calls are (collectives-differ). A rank that made fewer calls because its own error ended it is the
+    crash, not a mismatch."""
     calls = {rank: [e for e in evs if e["event"] == "collective"] for rank, evs in events.items()}
     if len(calls) < 2:
         return []
@@ -157,10 +161,17 @@ def _collectives_differ(events: dict[int, list[dict]], crashed: bool) -> list[Fi
             continue
         place = next((i for i, (a, b) in enumerate(zip(reference, sequence)) if (a["op"], a["shape"]) !=
                       (b["op"], b["shape"])), None)
-        if place is None:
-            if crashed:
-                continue  # one rank made fewer calls because it crashed: that is the crash, not a mismatch
+        fewer = place is None
+        if fewer:
             place = min(len(reference), len(sequence))
+            short = rank if len(sequence) < len(reference) else reference_rank
+            if crashed and short in failed:
+                continue  # one rank made fewer calls because it crashed: that is the crash, not a mismatch
+        branch = _branch(events, {reference_rank: reference, rank: sequence}, place)
+        if branch:
+            return [branch]
+        if fewer and crashed:
+            continue  # cut short by the launch's end, with nothing to show that a rank went another way
 
         def call(seq, r):
             if place >= len(seq):
@@ -176,6 +187,82 @@ def _collectives_differ(events: dict[int, list[dict]], crashed: bool) -> list[Fi
             f"{call(sequence, rank)}; every rank must make the same collectives in the same order with the same"
             " shapes, or the job hangs or fails (lessons 11 and 11b)"), site)]
     return []
+
+
+def _branch(events, calls: dict[int, list], place: int) -> Finding | None:
+    """collective-in-branch: rank A's call #PLACE is inside an `if` of the script, and rank B went past that
+    point without it: it made another call there, outside that `if`, or made none and went on drawing batches (more
+    than A had drawn when it called). The condition read a value that differs between ranks."""
+    (a, seq_a), (b, seq_b) = sorted(calls.items(), key=lambda item: len(item[1]) <= place)
+    if place >= len(seq_a):
+        return None
+    mine = seq_a[place]
+    if place < len(seq_b):
+        went_on = f"called {seq_b[place]['op']} at {seq_b[place]['site']} instead"
+        other_line = seq_b[place]["site"]
+    else:
+        def batches(evs):
+            return sum(e["event"] == "batch" for e in evs)
+        before = batches(events[a][:next(i for i, e in enumerate(events[a]) if e is mine)])
+        if batches(events[b]) <= before:
+            return None  # no sign that it went past: cut short, or slower
+        went_on = (f"made no call #{place + 1} and went on: it drew {batches(events[b]) - before} more batch(es)"
+                   f" than rank {a} had when it called")
+        other_line = None
+    found = _enclosing_if(mine["site"], other_line)
+    if found is None:
+        return None
+    conditions, if_site = found
+    one = len(conditions) == 1
+    return Finding("collective-in-branch", (
+        f"rank {a} entered {' and '.join(conditions)} and called {mine['op']} at {mine['site']} (its collective #{place + 1});"
+        f" rank {b} {went_on}: {'the condition' if one else 'one of the conditions'} read a value that differs"
+        " between ranks (a rank's own metric, loss or rank), so one rank waits at a collective the others never reach: a hang, or a crash when a later"
+        " collective meets it. Decide from a value every rank shares: all-reduce the metric (or decide on rank 0"
+        " and broadcast the decision), then take the branch together; or keep the collective out of the branch"
+        " (lessons 11 and 13b)"), if_site)
+
+
+def _enclosing_if(site: str, other: str | None) -> tuple[list, str] | None:
+    """(the conditions, as ["`if A:` at :12", "`if B:` at :15"], and the outermost one's file:line) of the `if`s
+    of the script around SITE's line, in its function, that do not also hold OTHER's line in the same arm (the call
+    the other rank made instead), read from the script's file; None without one."""
+    import ast
+    from pathlib import Path
+
+    path, _, line = site.rpartition(":")
+    if not line.isdigit() or _in_a_library(site):
+        return None
+    try:
+        source = Path(path).read_text()
+        tree = ast.parse(source)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    other_line = int(other.rpartition(":")[2]) if other and other.rpartition(":")[0] == path \
+        and other.rpartition(":")[2].isdigit() else None
+
+    def inside(node, n):
+        return node.lineno <= n <= (node.end_lineno or node.lineno)
+
+    def in_branch(node, n):  # in its body or its else, not in its test
+        return any(inside(child, n) for child in node.body + node.orelse)
+
+    around = []  # the `if`s around the call, outermost first, in the call's function (the other rank's not)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and inside(node, int(line)):
+            around = [n for n in around if n.lineno > node.lineno]
+        if isinstance(node, ast.If) and in_branch(node, int(line)) and not (
+                other_line is not None and in_branch(node, other_line) and (
+                    any(inside(c, other_line) for c in node.body) == any(inside(c, int(line)) for c in node.body))):
+            around.append(node)
+    functions = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and inside(n, int(line))]
+    start = max((n.lineno for n in functions), default=0)
+    around = sorted((n for n in around if n.lineno > start), key=lambda n: n.lineno)
+    if not around:
+        return None
+    shown = [f"`if {ast.get_source_segment(source, n.test) or ast.unparse(n.test)}:` at :{n.lineno}" for n in around]
+    return shown, f"{path}:{around[0].lineno}"
 
 
 def _shape_text(shape) -> str:
@@ -224,7 +311,8 @@ RULES = [
     Rule(("not-distributed",), ("init", "optimizer", "loader"), _not_distributed, alone=True),
     Rule(("separate-models", "params-diverged"), ("wrapper", "init", "optimizer", "collective", "load", "exit"),
          lambda f: _separate_models(f.record)),
-    Rule(("collectives-differ",), ("collective",), lambda f: _collectives_differ(f.events, f.crashed)),
+    Rule(("collectives-differ", "collective-in-branch"), ("collective", "batch", "pass", "pass_end", "exit"),
+         lambda f: _collectives_differ(f.events, f.crashed, f.failed)),
     Rule(("same-random-state",), ("exit", "wrapper", "optimizer"), lambda f: _same_random_state(f.events, f.nproc)),
     Rule(("rank-from-local-rank",), ("init",), lambda f: _rank_from_local_rank(f.events)),
     Rule(("no-destroy",), ("exit", "init"), _no_destroy),

@@ -20,6 +20,7 @@ class Code:
 CODES = {
     "not-distributed": Code(1, "the script never forms a process group: N copies of one process"),
     "separate-models": Code(1, "every rank trains a model of its own"),
+    "collective-in-branch": Code(1, "a collective inside a branch that some ranks take and others don't"),
     "collectives-differ": Code(1, "the ranks call other collectives, or other shapes, at the same point"),
     "unequal-batches": Code(1, "the ranks train different numbers of batches"),
     "same-samples": Code(1, "the ranks train on the same samples"),
@@ -104,6 +105,10 @@ class DoctorReport:
         lines = [str(f) for f in self.findings]
         if self.error:
             lines.append(f"the script did not run to the end: {self.error}")
+        if not lines and self.notes:  # never "no findings" above what was found: a quick reader stops there
+            codes = ", ".join(dict.fromkeys(note.code for note in self.notes))
+            lines.append(f"{len(self.notes)} note{'s' if len(self.notes) > 1 else ''} ({codes}) and no other"
+                         " finding: a note is right here and wrong elsewhere, or slightly off; the exit status stays 0")
         if not lines:
             lines.append("no findings")
         return "\n".join(lines + [f"note: {note}" for note in self.notes] + self.compare)
