@@ -1,6 +1,6 @@
 """The DDP doctor's --compare: N ranks against one process given their global batch, parameters compared.
 
-The one process runs the script as the ranks did (lessons/tools/doctor.py's launch), with the instruments told what
+The one process runs the script as the ranks did (lessons/tools/doctor_launch.py), with the instruments told what
 to give it: the loader's batch at N times the per-rank batch (and the script's own per-rank batch flag at N times
 its value), or the union of the ranks' batches for a loader with a batch_sampler.
 """
@@ -10,10 +10,11 @@ import json
 import os
 from typing import TYPE_CHECKING
 
+from . import doctor_launch
 from .doctor_record import Record, passes_of
 
 if TYPE_CHECKING:
-    from .doctor import DoctorReport
+    from .doctor_report import DoctorReport
 
 COMPARE_RTOL = 1e-4  # N ranks against one process: other summation orders, amplified over the steps (lesson 04)
 LOW_PRECISION = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # a unit roundoff: autocast's steps round to it
@@ -26,8 +27,6 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
     """--compare: run SCRIPT as one process (ALONE: its "env" and "cwd") with the ranks' global batch, and compare
     the trained parameters with the ranks'. (lines, status): 0 the same model, 1 not, 2 no comparison."""
     import torch
-
-    from .doctor import _run  # the launch: lessons/tools/doctor.py imports this module
 
     def cannot(why, lines=()):
         return [*lines, f"compare: no comparison: {why}"], 2
@@ -78,7 +77,7 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
         batch_line = None
     if alone.get("cwd"):  # its sites named from the ranks' folder, as theirs are: the loader's site matches
         one_env["LESSONS_DOCTOR_SITE_ROOT"] = os.getcwd()
-    single, single_record = _run(script, 1, one_args, timeout, False, alone.get("env"), 1, one_env,
+    single, single_record = doctor_launch._run(script, 1, one_args, timeout, False, alone.get("env"), 1, one_env,
                                  cwd=alone.get("cwd"))
     resumed = _read_what_the_ranks_wrote(record, single_record, started) if single_record is not None else None
     if resumed:  # first: a resume from the ranks' checkpoint is often why the one process failed, too
@@ -101,7 +100,8 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
                    " would now be off by N)")
         batch_line = (f"compare: batch: each rank's loader (made at {site}) drew {per_rank} a step, {whole} on"
                       f" {nproc} ranks; one process drew {whole}: {how}")
-    lines = [batch_line]
+    grouped = any(e["event"] == "init" for evs in record.events.values() for e in evs)
+    lines = [batch_line] if grouped else []  # no process group: no rank's batch is a part of a global one
     ranks_params = _assembled(record)
     one_params = single_record.params.get(0, {})
     names = sorted(n for n in ranks_params if n.startswith(("opt", "flat.")))
@@ -170,8 +170,22 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
            for evs in r.events.values()):
         lines.append("compare: note: the script draws random numbers during its steps (dropout, random"
                      " augmentation, batches drawn at random): the ranks draw other numbers than one process, so the"
-                     " runs can differ without a mistake; switch them off to compare (model.eval() for dropout)")
+                     f" runs can differ without a mistake; switch them off to compare{_dropout_off(record)}")
     return lines, 0 if same else 1
+
+
+def _dropout_off(record: Record) -> str:
+    """How to switch the model's dropout off for a comparison: its probability at 0, through the script's own
+    option when it has one. Not model.eval(): that also switches BatchNorm to its running statistics mid-training."""
+    layer = next((e["dropout"] for evs in record.events.values() for e in evs if e["event"] == "wrapper"
+                  and e.get("dropout")), None)
+    if layer is None:
+        return ""
+    numbers = [o for e in record.events[min(record.events)] if e["event"] == "arguments" for o in e.get("numbers", [])]
+    flag = next((f for f, value in numbers if "drop" in f.lower() and value > 0), None)
+    how = f"run both with {flag} 0 (the script's own option)" if flag else "set its p to 0 for both runs"
+    return (f" (the model's {layer}: {how}; not model.eval(), which also switches BatchNorm to its running"
+            " statistics)")
 
 
 def _batch_flag(record: Record, per_rank: int) -> str | None:
@@ -253,12 +267,14 @@ def _samples_per_step(record: Record, single_record: Record, site: str, per_rank
     if len(read) > 1:  # each rank's own part (data sharded by hand): indices into different data sets
         return ("not compared: the ranks' loaders made there read different data sets (each rank its own part?),"
                 " so their indices don't name the same samples"), None
-    whole, compared = per_rank * nproc, 0
+    whole, compared, ran, passes = per_rank * nproc, 0, 0, 0
     for number, single in enumerate(one):
         mine = [ps[number].indices for ps in ranks.values() if number < len(ps)]
         if len(mine) < nproc:
             break
-        steps = min(len(single.indices) // whole, min(len(m) for m in mine) // per_rank) - 1
+        in_pass = -(-min(len(m) for m in mine) // per_rank)  # the ranks' steps, the last one partial or padded
+        ran, passes = ran + in_pass, passes + 1
+        steps = min(len(single.indices) // whole, in_pass - 1)  # the last left out, and any the one process lacks
         for step in range(max(steps, 0)):
             union = set().union(*(set(m[step * per_rank:(step + 1) * per_rank]) for m in mine))
             drawn = set(single.indices[step * whole:(step + 1) * whole])
@@ -269,8 +285,9 @@ def _samples_per_step(record: Record, single_record: Record, site: str, per_rank
             compared += 1
     if not compared:
         return "not compared (the loader's indices were not recorded)", None
-    return (f"at each of {compared} steps compared the one process drew the union of the ranks' samples (the last"
-            " step of each pass left out: a DistributedSampler pads it)"), True
+    return (f"at each of the {compared} steps compared the one process drew the union of the ranks' samples (of"
+            f" {ran} steps in {passes} pass{'es' if passes > 1 else ''}: the last step of each pass is left out, a"
+            " DistributedSampler pads it)"), True
 
 
 def _compare_reasons(record, single_record, ranks_params, one_params, names, nproc, steps, torch) -> list[str]:
