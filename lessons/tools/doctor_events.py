@@ -17,7 +17,10 @@ FIELDS = {
                 "seed": (INT,), "drop_last": (BOOL,), "dataset": (STR,), "length": (INT,)},
     "loader": {"loader": (INT,), "site": (STR,), "batch_size": (INT, NONE), "asked_batch_size": (INT, NONE),
                "sampler": (INT, NONE), "sampler_type": (STR,), "batch_sampler": (STR, NONE), "dataset": (STR,),
-               "length": (INT, NONE), "drop_last": (BOOL,)},
+               "length": (INT, NONE), "drop_last": (BOOL,), "base_dataset": (STR, NONE), "base_indices": (LIST, NONE)},
+    # "sampler_type": the sampler it draws from (a batch_sampler's own, when it was given one); "base_dataset": the
+    # fingerprint of the data set beneath its Subsets, "base_indices" each index of the loader's data set as an index
+    # into that one (None when it is no Subset, or a huge one: then base_dataset is None too)
     # a pass starts at iter(loader), or at a persistent iterator's reset; "joined": inside a Join context
     "pass": {"loader": (INT,), "number": (INT,), "site": (STR,), "steps": (INT,), "sampler": (INT, NONE),
              "epoch": (INT, NONE), "joined": (BOOL,)},
@@ -41,7 +44,8 @@ FIELDS = {
     "collective": {"op": (STR,), "site": (STR,), "shape": (LIST, NONE), "steps": (INT,)},
     "spawn": {"site": (STR,), "call": (STR,)},
     # --compare only: the script's integer options as parsed, [["--batch-size", 8], ...] (a per-rank batch flag)
-    "arguments": {"site": (STR,), "options": (LIST,)},
+    # "numbers": its float options, [["--dropout", 0.1], ...] (a dropout to switch off for the comparison)
+    "arguments": {"site": (STR,), "options": (LIST,), "numbers": (LIST,)},
     # checkpoints
     "save": {"path": (STR,), "site": (STR,), "devices": (LIST,)},
     "load": {"path": (STR,), "site": (STR,), "map_location": (STR, DICT, NONE), "weights_only": (BOOL, NONE),

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node=2 compare_cases.py [--batch-size B] [--loss L] [--scale-lr]
         [--bf16] [--epochs E] [--init-file PATH] [--random-sampler-alone] [--batch-sampler]
-        [--save-on-every-rank PATH] [--fsdp1]
+        [--save-on-every-rank PATH] [--fsdp1] [--dropout P] [--workers W]
 
 --batch-size is per rank. --loss mean (the default); sum-over-flag sums the loss and divides by --batch-size (right
 for a per-rank flag: DDP averages the ranks' gradients); sum (the mistake: N times one process's step). --scale-lr multiplies the learning rate by the world size (lessons 04, 13b).
@@ -12,7 +12,9 @@ train.py), so one process draws other batches. --batch-sampler: the loader takes
 DistributedSampler (as Accelerate's prepared loaders do). $CHECKPOINT_DIR (an auto-resuming trainer): resume from
 CHECKPOINT_DIR/last.pt when it exists, save there at the end. --save-on-every-rank: every rank saves the model to
 PATH at the end (a finding of severity 2, in a run that trains the same model). --fsdp1: FullyShardedDataParallel
-instead of DDP (each rank's optimizer holds its shard of flat parameters).
+instead of DDP (each rank's optimizer holds its shard of flat parameters). --dropout P: a Dropout(P) layer, each rank
+its own masks (the runs differ by design; --compare says to run both with --dropout 0). --workers W: the loader's
+worker processes (with a batch_sampler, torch calls iter(batch_sampler) twice a pass).
 """
 import argparse
 import os
@@ -34,6 +36,8 @@ parser.add_argument("--random-sampler-alone", action="store_true")
 parser.add_argument("--batch-sampler", action="store_true")
 parser.add_argument("--save-on-every-rank")
 parser.add_argument("--fsdp1", action="store_true")
+parser.add_argument("--dropout", type=float, default=0.0)
+parser.add_argument("--workers", type=int, default=0)
 args = parser.parse_args()
 
 distributed = "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -41,7 +45,8 @@ dist.init_process_group("gloo")
 rank, world_size = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 data = TensorDataset(torch.randn(160, 6), torch.randn(160, 1))
-model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Dropout(args.dropout),
+                            torch.nn.Linear(16, 1))
 if args.init_file:
     if rank == 0:
         torch.save(model.state_dict(), args.init_file)
@@ -54,6 +59,7 @@ else:
     model = DDP(model)
 lr = 0.05 * (world_size if args.scale_lr else 1)
 optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+torch.manual_seed(1 + rank)  # each rank its own dropout masks
 checkpoint_dir = os.environ.get("CHECKPOINT_DIR")
 start_epoch = 0
 if checkpoint_dir and os.path.exists(os.path.join(checkpoint_dir, "last.pt")):
@@ -66,9 +72,10 @@ if args.random_sampler_alone and not distributed:
 else:
     sampler = DistributedSampler(data, seed=0)
 if args.batch_sampler:
-    loader = DataLoader(data, batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False))
+    loader = DataLoader(data, batch_sampler=BatchSampler(sampler, args.batch_size, drop_last=False),
+                        num_workers=args.workers)
 else:
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers)
 for epoch in range(start_epoch, args.epochs):
     if hasattr(sampler, "set_epoch"):
         sampler.set_epoch(epoch)

@@ -4,7 +4,8 @@
 
 --train distributed (a DistributedSampler), repeat-aug (each sample on 3 ranks with each rank's own random
 augmentation, as DeiT's RASampler and timm's RepeatAugSampler draw: correct), whole (no sampler: every rank the
-whole data set), memory-shard (a data set holding this rank's own shard in memory, as a rank's file read at start
+whole data set), epochs-in-a-batch-sampler (a distributed sampler of its own, two epochs a pass, in a
+batch_sampler of its own: correct), memory-shard (a data set holding this rank's own shard in memory, as a rank's file read at start
 would: correct, with or without --workers), memory-same (the same in-memory data set on every rank: a mistake).
 --eval padded-ordered (a padding evaluation sampler of the script's own, as timm's OrderedDistributedSampler: the
 summed metric counts the padding twice), own-share (each rank evaluates its shard and rank 0 prints its own
@@ -41,6 +42,41 @@ class RepeatAugSampler(Sampler):
         self.epoch = epoch
 
 
+class ShardedEpochs(Sampler):
+    """A distributed sampler of the script's own, as segmentation and detection trainers write them: EPOCHS epochs
+    in one pass, each a new permutation of which the rank takes its strided share (correct: the ranks' shares of an
+    epoch are apart, and over two epochs each rank sees most of the data)."""
+
+    def __init__(self, dataset, num_replicas, rank, epochs=2):
+        self.length, self.num_replicas, self.rank, self.epochs = len(dataset), num_replicas, rank, epochs
+
+    def __iter__(self):
+        for epoch in range(self.epochs):
+            order = torch.randperm(self.length, generator=torch.Generator().manual_seed(epoch)).tolist()
+            yield from order[self.rank::self.num_replicas]
+
+    def __len__(self):
+        return self.epochs * (self.length // self.num_replicas)
+
+
+class GroupedBatches(Sampler):
+    """A batch_sampler of the script's own around a sampler (a detection trainer's aspect-ratio grouping)."""
+
+    def __init__(self, sampler, batch_size):
+        self.sampler, self.batch_size = sampler, batch_size
+
+    def __iter__(self):
+        batch = []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == self.batch_size:
+                yield batch
+                batch = []
+
+    def __len__(self):
+        return len(self.sampler) // self.batch_size
+
+
 class OrderedEvalSampler(Sampler):
     """In order, padded with the first indices to a multiple of the ranks, each rank a strided share."""
 
@@ -72,7 +108,8 @@ class InMemory(Dataset):
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--train", default="distributed",
-                    choices=["distributed", "repeat-aug", "whole", "memory-shard", "memory-same"])
+                    choices=["distributed", "repeat-aug", "whole", "memory-shard", "memory-same",
+                             "epochs-in-a-batch-sampler"])
 parser.add_argument("--eval", default="none", choices=["padded-ordered", "own-share", "reduced", "none"])
 parser.add_argument("--workers", type=int, default=0)
 parser.add_argument("--early-stop-on-rank0", action="store_true")
@@ -91,8 +128,12 @@ elif options.train == "repeat-aug":
 elif options.train.startswith("memory"):
     rows = slice(rank, None, world_size) if options.train == "memory-shard" else slice(None)
     train_set = InMemory(train_set.tensors[0][rows].clone(), train_set.tensors[1][rows].clone())
-loader = DataLoader(train_set, batch_size=8, sampler=sampler, shuffle=sampler is None,
-                    num_workers=options.workers, generator=torch.Generator().manual_seed(rank))
+if options.train == "epochs-in-a-batch-sampler":
+    loader = DataLoader(train_set, batch_sampler=GroupedBatches(ShardedEpochs(train_set, world_size, rank), 8),
+                        num_workers=options.workers)
+else:
+    loader = DataLoader(train_set, batch_size=8, sampler=sampler, shuffle=sampler is None,
+                        num_workers=options.workers, generator=torch.Generator().manual_seed(rank))
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(4, 1))
 torch.manual_seed(100 + rank)  # each rank its own augmentation noise

@@ -1,6 +1,7 @@
 """A correct DDP script that, like pytorch/examples' imagenet/main.py, starts its own ranks with mp.spawn only under
 --multiprocessing-distributed; under torchrun without it, it joins torchrun's ranks. Its output has lines a careless
-reader of the course's `RESULT {json}` convention would choke on."""
+reader of the course's `RESULT {json}` convention would choke on. --processes (fork|spawn) starts them as PyTorch's
+"Writing Distributed Applications" tutorial does, with torch.multiprocessing.Process (and the start method given)."""
 import os
 import sys
 
@@ -13,6 +14,8 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
 def train(rank, world_size):
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29511")
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randint(0, 2, (64,)))
@@ -36,5 +39,12 @@ def train(rank, world_size):
 if __name__ == "__main__":
     if "--multiprocessing-distributed" in sys.argv:
         mp.spawn(train, args=(2,), nprocs=2)
+    elif "--processes" in sys.argv:
+        mp.set_start_method(sys.argv[sys.argv.index("--processes") + 1])
+        processes = [mp.Process(target=train, args=(rank, 2)) for rank in range(2)]
+        for p in processes:
+            p.start()
+        for p in processes:
+            p.join()
     else:
         train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
