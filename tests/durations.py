@@ -1,7 +1,8 @@
 """Where the test suite's time goes: the slowest tests, each notebook's total, the whole run.
 
 Registered by tests/conftest.py, so every `make test` ends with this report, and writes it to
-artifacts/durations.json for a later lesson to compare against. nbval reports one item per
+artifacts/durations.json for a later lesson to compare against; then each test's one-line summary, given with
+record_property("summary", line) (the replayed doctor corpus's precision and recall). nbval reports one item per
 notebook cell; a notebook's time is the sum of its cells (the kernel's start is in the first). Under
 pytest-xdist (`make test`) the two workers share the 2 cores, so a duration there is longer than the same test
 alone (`make cost`), and the sums add up to more than the total.
@@ -23,8 +24,11 @@ class DurationReport:
         self.start = time.monotonic()
         self.tests: dict[str, float] = defaultdict(float)  # test id -> setup + call + teardown
         self.notebooks: dict[str, float] = defaultdict(float)  # notebook path -> sum of its cells
+        self.summaries: list[str] = []  # a test's one-line summary (record_property("summary", ...)), shown here
 
     def pytest_runtest_logreport(self, report):
+        self.summaries += [value for name, value in report.user_properties if name == "summary"
+                           and report.when == "call"]
         path = report.nodeid.split("::", 1)[0]
         if path.endswith(".ipynb"):
             self.notebooks[path] += report.duration
@@ -48,3 +52,5 @@ class DurationReport:
                                    "notebooks_s": {k: round(v, 1) for k, v in sorted(self.notebooks.items())},
                                    "tests_s": {k: round(v, 1) for k, v in sorted(self.tests.items())}}, indent=1))
         write(f"(every duration: {out.relative_to(self.root)})")
+        for line in self.summaries:
+            write(line)

@@ -40,14 +40,29 @@ def codes_of(stdout):
     return [line.split(":", 1)[0] for line in stdout.splitlines() if line.split(":", 1)[0] in CODES]
 
 
-def test_mistakes_then_a_crash(tmp_path, launch_env):
-    done = doctor_command(CRASH, "-n", "2", "--", tmp_path / "ckpt.pt", env=launch_env)
-    assert done.returncode == 2, done.stdout + done.stderr  # it crashed: 2, whatever was found before
-    assert codes_of(done.stdout) == ["collectives-differ", "params-diverged", "no-set-epoch", "save-on-every-rank",
-                                     "weights-only-off"], done.stdout  # most serious first; no no-destroy
-    text = done.stdout
+def recorded(title):
+    """The doctor's report, decided again from the recorded corpus case whose title is TITLE (tests/doctor_corpus/,
+    benchmarks/doctor_corpus.py --record-to): the rules on a real launch's events, without the launch."""
+    from lessons.tools.doctor import replay
+    case = next((p.parent for p in (ROOT / "tests" / "doctor_corpus").glob("*/case.json")
+                 if json.loads(p.read_text())["title"] == title), None)
+    assert case is not None, f"no recorded case {title!r}: re-record the corpus (tests/test_doctor_corpus.py)"
+    here = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        report = replay(case)
+    finally:
+        os.chdir(here)
+    return report.status, str(report)
+
+
+def test_mistakes_then_a_crash():
+    status, text = recorded("tests/scripts/doctor/mistakes_then_crash.py {tmp}/ckpt.pt")
+    assert status == 2, text  # it crashed: 2, whatever was found before
+    assert codes_of(text) == ["collectives-differ", "params-diverged", "no-set-epoch", "save-on-every-rank",
+                              "weights-only-off"], text  # most serious first; no no-destroy
     assert f"no-set-epoch: {at(CRASH, 'sampler = DistributedSampler(')}: " in text  # the sampler's own line
-    assert f"ranks 0, 1 all called torch.save('{tmp_path / 'ckpt.pt'}')" in text
+    assert re.search(r"ranks 0, 1 all called torch.save\('[^']*ckpt.pt'\)", text), text
     assert "largest difference 0.5 (rank 1 vs rank 0, parameter weight)" in text
     assert "part at call #5: rank 0 called all_reduce on a float32 tensor of shape (3,)" in text  # Join's own
     assert "rank 1 called all_reduce on a float32 tensor of shape (2,)" in text  # all-reduces are not counted
@@ -56,21 +71,21 @@ def test_mistakes_then_a_crash(tmp_path, launch_env):
         in text
 
 
-@pytest.mark.parametrize("mistakes, expected, status", [
+@pytest.mark.parametrize("title, expected, status", [
     # four that don't interfere; no-ddp with a checkpoint: rank 0's weights loaded by all, equal at exit
-    ("no-ddp,unseeded-split,sampler-per-epoch,map-location-empty",
+    ("--mistakes no-ddp,unseeded-split,sampler-per-epoch,map-location-empty --checkpoint {tmp}/ckpt.pt",
      ["separate-models", "datasets-differ", "sampler-recreated", "map-location-maps-nothing"], 1),
-    ("unequal-shards", ["unequal-batches"], 2),  # rank 1 stops a batch early, and rank 0 then fails
+    ("--mistakes unequal-shards", ["unequal-batches"], 2),  # rank 1 stops a batch early, and rank 0 then fails
 ])
-def test_data_mistakes(mistakes, expected, status, tmp_path, launch_env):
-    checkpoint = [] if mistakes == "unequal-shards" else ["--checkpoint", tmp_path / "ckpt.pt"]
-    done = doctor_command(DATA, "-n", "2", "--", "--mistakes", mistakes, *checkpoint, env=launch_env)
-    assert (done.returncode, codes_of(done.stdout)) == (status, expected), done.stdout + done.stderr
+def test_data_mistakes(title, expected, status):
+    found, text = recorded(f"tests/scripts/doctor/data_mistakes.py {title}")
+    assert (found, codes_of(text)) == (status, expected), text
     assert all(line.split(": ", 2)[1].startswith("tests/scripts/doctor/data_mistakes.py:")
-               for line in done.stdout.splitlines() if line.split(":", 1)[0] in CODES)  # each names its line
+               for line in text.splitlines() if line.split(":", 1)[0] in CODES)  # each names its line
 
 
 COMPARE = FIXTURES / "doctor" / "compare_cases.py"
+MODELS = FIXTURES / "doctor" / "models_by_hand.py"
 
 
 @pytest.mark.parametrize("script, args, status, expected", [
@@ -89,6 +104,19 @@ COMPARE = FIXTURES / "doctor" / "compare_cases.py"
     # no sampler, in a loop that stops by counting (as Lightning's does): the passes never reach StopIteration and
     # their samples are still compared: the one process can't draw the ranks' batches, so no comparison; and a drop
     # path (timm's kind) under one seed everywhere. Findings of severity 1: exit 1 whatever the comparison.
+    # a batch_sampler and worker processes: torch calls iter(batch_sampler) twice a pass, and the doctor gave the
+    # one process the next pass's batches ("did not train on the ranks' global batch"); dropout, which each rank
+    # draws for itself: turn it off with the script's own flag, not model.eval() (it also switches BatchNorm)
+    (COMPARE, ["--batch-sampler", "--workers", "2", "--dropout", "0.2"], 1, [
+        "compare: samples: at each of the 18 steps compared the one process drew the union of the ranks' samples"
+        " (of 20 steps in 2 passes: the last step of each pass is left out",
+        "compare: 2 ranks and one process differ",
+        "switch them off to compare (the model's Dropout(p=0.2): run both with --dropout 0 (the script's own"
+        " option); not model.eval()"]),
+    # FSDP2 with a 1-element parameter on 2 ranks: rank 1's local shard is empty, and the instruments' step hook
+    # crashed the run (`.abs().max()` of nothing), blaming the script's line; its DTensor rows are now put together
+    (COMPARE, ["--fsdp2"], 0, ["no findings\ncompare: batch:", "compare: 2 ranks and one process train the same"
+                                                               " model"]),
     (DATA, ["--mistakes", "no-sampler,drop-path,batch-norm", "--steps-per-epoch", "5"], 1, [
         f"same-samples: {at(DATA, 'return None, DataLoader(train_set')}: ranks 0 and 1 drew 100% of their samples",
         "same-random-state: tests/scripts/doctor/data_mistakes.py:",
@@ -143,6 +171,11 @@ def test_a_spawn_is_refused_when_the_run_spawns_and_odd_output_is_the_scripts_bu
     assert spawning.status == 2, str(spawning)
     assert f"{at(SPAWNS, 'mp.spawn(')}: the script starts its own ranks (torch.multiprocessing.spawn)" \
         in spawning.error, spawning.error
+    # PyTorch's "Writing Distributed Applications": torch.multiprocessing.Process, started by spawn. It waited for
+    # ranks that never came, until the launch's timeout; now the processes' init_process_group is refused.
+    processes = lessons.doctor(SPAWNS, nproc=2, args=["--processes", "spawn"], env=launch_env, timeout=120)
+    assert processes.status == 2 and f"{at(SPAWNS, 'dist.init_process_group(')}: the script starts its own ranks" \
+        " (multiprocessing's Process, each calling init_process_group)" in processes.error, processes.error
 
 
 @pytest.mark.parametrize("script, compare", [("digits_lightning.py", False), ("digits_accelerate.py", True)])
@@ -238,11 +271,13 @@ def test_a_one_process_run_in_a_folder_of_its_own_names_sites_as_the_ranks_do(tm
     doctor said it was. Its sites are now named from the ranks' folder."""
     import importlib.util
 
-    import lessons.tools.doctor as doctor_module
+    import lessons.tools.doctor_launch as launch_module
     from lessons.tools.doctor import DoctorReport, Record, _compare
-    spec = importlib.util.spec_from_file_location("instruments_under_test", SITE_DIR / "sitecustomize.py")
-    instruments = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(instruments)  # inert outside a rank: only its functions are used
+    package = SITE_DIR / "_ddp_doctor_instruments"
+    spec = importlib.util.spec_from_file_location("_ddp_doctor_instruments", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    monkeypatch.setitem(sys.modules, "_ddp_doctor_instruments", importlib.util.module_from_spec(spec))
+    instruments = importlib.import_module("_ddp_doctor_instruments.recorder")  # only its functions are used
     (tmp_path / "one").mkdir()
     monkeypatch.chdir(tmp_path / "one")
     monkeypatch.delenv("LESSONS_DOCTOR_SITE_ROOT", raising=False)
@@ -251,7 +286,7 @@ def test_a_one_process_run_in_a_folder_of_its_own_names_sites_as_the_ranks_do(tm
     assert instruments.shown_path(str(tmp_path / "data" / "build.py")) == os.path.join("data", "build.py")
     monkeypatch.delenv("LESSONS_DOCTOR_SITE_ROOT")
     given = []
-    monkeypatch.setattr(doctor_module, "_run", lambda *args, **kwargs: given.append((args[7], kwargs)) or (
+    monkeypatch.setattr(launch_module, "_run", lambda *args, **kwargs: given.append((args[7], kwargs)) or (
         DoctorReport(error="stopped here"), None))
     events = [{"event": "loader", "loader": 1, "site": "t.py:5", "batch_size": 4, "asked_batch_size": 4,
                "sampler_type": "DistributedSampler", "batch_sampler": "BatchSampler"}, *training_pass(1, 1, 2, 0)]
@@ -356,6 +391,8 @@ def one_mistake(code, tmp_path):
         weights[1]["ddp0.weight"] = torch.full((2, 2), 2.0)
     elif code == "collectives-differ":
         find(1, "collective")["shape"] = [[2], "float32"]
+    elif code == "collective-in-branch":  # t.py:9 is inside `if val_acc > best_acc:`; rank 1 called at t.py:12
+        find(1, "collective").update(op="barrier", shape=None, site="t.py:12")
     elif code == "unequal-batches":
         runs[1] = runs[1][:4] + training_pass(2, 1, 1, 0, epoch=0, indices=[1]) + runs[1][4 + 4:]
     elif code == "same-samples":
@@ -411,10 +448,13 @@ def one_mistake(code, tmp_path):
 
 
 @pytest.mark.parametrize("code", [None, *(code for code in CODES if code != "device-from-global-rank")])
-def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path):
+def test_each_code_fires_on_its_one_mistake_alone(code, tmp_path, monkeypatch):
     """The launches above plant several at once; here each alone, so no code fires because of another's mistake.
     (device-from-global-rank is read from the script's text: its own test below.) Each rule decides the same from
     the events it says it reads alone: a rule that reads another event without saying so fails here."""
+    monkeypatch.chdir(tmp_path)  # the sites' t.py, which collective-in-branch reads
+    (tmp_path / "t.py").write_text("".join(f"line_{n} = {n}\n" for n in range(1, 8)) + (
+        "if val_acc > best_acc:\n    dist.all_reduce(x)\n    best_acc = val_acc\n\ndist.barrier()\n"))
     one_mistake(code, tmp_path)
     assert [f.code for f in examine(tmp_path, 2)] == ([code] if code else [])
     rules_read_what_they_say(tmp_path)
@@ -490,9 +530,6 @@ def test_a_gpu_picked_by_the_global_rank_is_a_note(source, line, tmp_path):
 
 # --- Decided from what the code did: the parameters, the draws, the ranks' exits -------------------------------
 
-MODELS = FIXTURES / "doctor" / "models_by_hand.py"
-
-
 @pytest.mark.parametrize("args, expected", [
     # never wrapped, each rank its own first weights, an all-reduce of the logged loss: the doctor of round 5 said
     # "no findings" (parameters that already differed at the first step were taken for each rank's own by design)
@@ -502,11 +539,11 @@ MODELS = FIXTURES / "doctor" / "models_by_hand.py"
     (["--wrap", "fsdp1", "--dropout", "0.2"], [f"same-random-state: {at(MODELS, 'optimizer = torch.optim')}: the"
                                                " model has Dropout(p=0.2)"]),
 ])
-def test_what_the_parameters_are_decides(args, expected, launch_env):
-    done = doctor_command(MODELS, "-n", 2, "--", *args, env=launch_env)
-    assert done.returncode == 1 and len(codes_of(done.stdout)) == 1, done.stdout + done.stderr
+def test_what_the_parameters_are_decides(args, expected):
+    status, report = recorded(" ".join(["tests/scripts/doctor/models_by_hand.py", *args]))
+    assert status == 1 and len(codes_of(report)) == 1, report
     for text in expected:
-        assert text in done.stdout, (text, done.stdout)
+        assert text in report, (text, report)
 
 
 def test_torchruns_own_argument_error_is_shown(launch_env):
@@ -515,9 +552,10 @@ def test_torchruns_own_argument_error_is_shown(launch_env):
     done = doctor_command(MODELS, "-n", 2, "--", "--start", "per-rank", env=launch_env)
     assert (done.returncode, done.stdout.splitlines()[0]) == (2, (
         "the script did not run to the end: torchrun refused its arguments: ambiguous option: --start could match"
-        " --start-method, --start_method: the script's flag is taken for torchrun's own (torchrun reads every option"
-        " before the script's name that is a prefix of one of its own, and refuses an ambiguous one); spell the flag"
-        " out in full, or give it as --flag=value")), done.stdout
+        " --start-method, --start_method: the script's flag is taken for torchrun's own (torchrun reads an option"
+        " that is a prefix of one of its own as its own, after the script's name too, and refuses an ambiguous one,"
+        " --flag=value as well); put -- between the script and its arguments, which torchrun drops (the doctor's"
+        " command then has two: doctor train.py -n 2 -- -- --flag value), or rename the flag")), done.stdout
 
 
 def two_ranks(tmp_path, change, weights=None):
@@ -557,6 +595,8 @@ def draws(runs, indices, length=8, sampler=False, random_state=None):
                                                         " numbers: 4 samples drawn per rank of 8"),
     # an endless sampler (EDM's InfiniteSampler): one pass of three epochs, each rank its share of each lap
     ([[0, 2, 3, 1, 2, 0], [1, 3, 0, 2, 1, 3]], 4, None, None),
+    # indices that name no sample: an endless sampler yields 0 and 1 to a data set that makes each sample itself
+    ([[0, 1] * 12, [0, 1] * 12], 1000, None, None),
     # an endless sampler that does not shard: every rank the same order, lap after lap
     ([[0, 1, 2, 3, 0, 1], [0, 1, 2, 3, 0, 1]], 4, None, "(its first 2 draws a rank, one epoch's share): its sampler"
                                                         " (RandomSampler) draws the same samples on every rank"),
@@ -573,18 +613,32 @@ def test_samplers_are_judged_by_what_they_draw(indices, length, random_state, ex
     rules_read_what_they_say(tmp_path)
 
 
-def evaluation(runs, indices, collective_after, sampler=True, length=9, each_batch=False):
+def evaluation(runs, indices, collective_after, sampler=True, length=9, each_batch=False, subset=False,
+               after_training=False):
     """Each rank's evaluation pass (no step) over a loader of its own site draws INDICES[rank]; then the collective
-    COLLECTIVE_AFTER names ("all_reduce", "all_gather"), if any: after the pass, or after each batch."""
+    COLLECTIVE_AFTER names ("all_reduce", "all_gather", "barrier"), if any: after the pass, after each batch, or
+    AFTER_TRAINING went on (a training batch drawn: a loss all-reduced for the log). SUBSET: each rank's loader
+    reads its own Subset(test, range(rank, 9, 2)), the indices are into it."""
     for rank, run in runs.items():
         loader = {"event": "loader", "loader": 5, "site": "t.py:20", "batch_size": 2, "asked_batch_size": 2,
                   "sampler": None, "sampler_type": "OrderedDistributedSampler", "dataset": "test", "length": length}
+        if subset:
+            loader.update(dataset=f"test-of-rank-{rank}", base_dataset="test", base_indices=list(range(rank, 9, 2)),
+                          length=len(range(rank, 9, 2)), sampler_type="SequentialSampler")
         extra = [loader, *training_pass(5, 1, 1, 4, indices=indices[rank])]
         for e in extra[1:]:
             e["steps"] = 4
-        if collective_after:
-            extra.insert(-1 if each_batch else len(extra), {"event": "collective", "op": collective_after,
-                                                            "shape": [[2], "float32"], "site": "t.py:22", "steps": 4})
+        if after_training:
+            extra.append({"event": "pass", "loader": 2, "number": 3, "steps": 4, "epoch": 2})
+            extra.append({"event": "batch", "loader": 2, "number": 3, "n": 1, "steps": 4})
+        if collective_after:  # a gather of per-sample results holds one row a sample; anything else 2 numbers
+            rows = len(indices[rank]) if collective_after == "all_gather" else 2
+            extra.insert(-1 if each_batch else len(extra), {
+                "event": "collective", "op": collective_after.removesuffix("-counts"), "shape": [[rows], "float32"],
+                "site": "t.py:22", "steps": 4})
+        if after_training:
+            extra.append({"event": "pass_end", "loader": 2, "number": 3, "batches": 1, "steps": 5,
+                          "indices": [rank]})
         run[-1:-1] = extra
 
 
@@ -593,16 +647,27 @@ def evaluation(runs, indices, collective_after, sampler=True, length=9, each_bat
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_reduce each batch", ["padded-evaluation"]),  # a mean reduced per batch
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "all_reduce each batch", []),
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_gather", []),  # gathered: de-duplicated (gather_for_metrics)
+    # a metric library's counts gathered, then summed (torchmetrics' sync): the padding counts twice
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7, 0]], "all_gather-counts", ["padded-evaluation"]),
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "all_reduce", []),  # exact shares, summed: right
     ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], None, ["unreduced-evaluation"]),  # rank 0 reports its own share
     ([list(range(9)), list(range(9))], None, []),  # every rank evaluates the whole set: nothing to combine
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "barrier", ["unreduced-evaluation"]),  # a barrier carries no data
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "broadcast", ["unreduced-evaluation"]),  # rank 0's own value, to all
+    ([[0, 2, 4, 6, 8], [1, 3, 5, 7]], "all_reduce after training", ["unreduced-evaluation"]),  # a loss for the log
+    # a Subset per rank (the learner's unpadded shards): indices 0.. into each rank's own Subset, apart beneath
+    ([[0, 1, 2, 3, 4], [0, 1, 2, 3]], "subset", ["unreduced-evaluation"]),
+    ([[0, 1, 2, 3, 4], [0, 1, 2, 3]], "all_reduce subset", []),
 ])
 def test_evaluations_are_judged_by_what_the_ranks_drew(indices, collective_after, expected, tmp_path):
     """A padding evaluation sampler that is not a DistributedSampler escaped padded-evaluation; a metric computed
     on rank 0 alone got a note about double counting; a metric all-reduced after each batch (inside the pass) was
-    called unreduced, and its padding went unsaid."""
-    op, each_batch = (collective_after or "").removesuffix(" each batch") or None, "each batch" in str(collective_after)
-    found = two_ranks(tmp_path, lambda runs: evaluation(runs, indices, op, each_batch=each_batch))
+    called unreduced, and its padding went unsaid. A Subset per rank was taken for another data set on each rank,
+    and a barrier, or a loss all-reduced in the next training step, for combining the evaluation's results."""
+    words = str(collective_after or "").split()
+    op = words[0] if words and words[0] != "subset" else None
+    found = two_ranks(tmp_path, lambda runs: evaluation(runs, indices, op, each_batch="each" in words,
+                                                        subset="subset" in words, after_training="after" in words))
     assert [f.code for f in found] == expected, found
     rules_read_what_they_say(tmp_path)
 

@@ -85,7 +85,8 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
     if record_to is not None and record is not None:
         (Path(record_to) / RECORD_FILE).write_text(json.dumps({
             "script": str(script), "ranks": nproc * nodes, "error": report.error,
-            "failed_rank": getattr(report, "failed_rank", None)}, indent=1) + "\n")
+            "failed_rank": getattr(report, "failed_rank", None),
+            "read": [vars(f) for f in (STATIC.decide(script) if nproc * nodes > 1 else [])]}, indent=1) + "\n")
     if compare:
         alone = {"env": {**(env or {}), **(one_process_env or {})}, "cwd": one_process_cwd}
         report.compare, report.compare_status = _compare(script, nproc, args, timeout, alone, report, record,
@@ -93,14 +94,17 @@ def doctor(script: str | os.PathLike, nproc: int = 2, args: tuple | list = (), t
     return report
 
 
-def _decide(report: DoctorReport, record: Record | None, script, ranks: int) -> None:
-    """The findings and notes of a run from what its RANKS recorded (and the script's text), into REPORT."""
+def _decide(report: DoctorReport, record: Record | None, script, ranks: int, read: list | None = None) -> None:
+    """The findings and notes of a run from what its RANKS recorded and the script's text (READ: what the text
+    gave when the run was recorded, for a script no longer there), into REPORT."""
     report.record = record
     if record is None:
         return
     failed = getattr(report, "failed_rank", None)
-    found = examine_record(record, ranks, crashed=report.error is not None, failed=set() if failed is None else {failed})
-    found += STATIC.decide(script) if ranks > 1 and Path(script).is_file() else []
+    found = examine_record(record, ranks, crashed=report.error is not None,
+                           failed=set() if failed is None else {failed})
+    if ranks > 1:
+        found += STATIC.decide(script) if Path(script).is_file() else [Finding(**f) for f in read or []]
     report.findings = [f for f in found if CODES[f.code].severity < NOTE]
     report.notes = [f for f in found if CODES[f.code].severity == NOTE]
 
@@ -116,7 +120,7 @@ def replay(folder: str | os.PathLike) -> DoctorReport:
         return DoctorReport(error=f"--replay: {folder} holds no run the doctor recorded ({RECORD_FILE}: {error})")
     report = DoctorReport(error=launch["error"])
     report.failed_rank = launch["failed_rank"]
-    _decide(report, read_record(folder, launch["ranks"]), launch["script"], launch["ranks"])
+    _decide(report, read_record(folder, launch["ranks"]), launch["script"], launch["ranks"], launch.get("read"))
     return report
 
 

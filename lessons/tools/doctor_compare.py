@@ -103,7 +103,7 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
     grouped = any(e["event"] == "init" for evs in record.events.values() for e in evs)
     lines = [batch_line] if grouped else []  # no process group: no rank's batch is a part of a global one
     ranks_params = _assembled(record)
-    one_params = single_record.params.get(0, {})
+    one_params = _assembled(single_record)
     names = sorted(n for n in ranks_params if n.startswith(("opt", "flat.")))
     if not names or names != sorted(n for n in one_params if n.startswith(("opt", "flat."))):
         return cannot("the optimizers' parameters of the two runs don't match up (another model or optimizer on"
@@ -111,6 +111,10 @@ def _compare(script, nproc, args, timeout, alone, many: DoctorReport, record: Re
     for n in names:
         if n.startswith("flat."):  # the one process's flat parameter is unpadded: the ranks' shards end in padding
             ranks_params[n] = ranks_params[n][:one_params[n].numel()]
+    for n in names:  # a 1-element parameter sharded as [1] on the ranks (FSDP2 can't shard a 0-d one), () alone
+        if ranks_params[n].shape != one_params[n].shape and ranks_params[n].squeeze().shape == \
+                one_params[n].squeeze().shape:
+            ranks_params[n] = ranks_params[n].reshape(one_params[n].shape)
     unlike = [n for n in names if ranks_params[n].shape != one_params[n].shape]
     if unlike:
         return cannot(f"a parameter has another shape on the ranks ({tuple(ranks_params[unlike[0]].shape)}) than in"
@@ -224,13 +228,25 @@ def _ranks_batches(record: Record, site: str) -> list | None:
 
 
 def _assembled(record: Record) -> dict:
-    """The reference rank's parameters, each FSDP flat parameter put together from the ranks' shards (rank order)."""
+    """The reference rank's parameters, each FSDP flat parameter put together from the ranks' shards (rank order),
+    and each FSDP2 DTensor parameter from its rows on the mesh (dshard<k>: the k-th place), named as a replicated
+    parameter is (opt<i>.<j>)."""
     import torch
 
     reference = dict(record.params.get(min(record.events), {}))
     for name in [n for n in reference if n.startswith("flat.")]:
         reference[name] = torch.cat([record.params[rank][name] for rank in sorted(record.params)
                                      if name in record.params[rank]])
+    rows = {}  # opt<i>.<j> -> {place: tensor}
+    for tensors in record.params.values():
+        for name, tensor in tensors.items():
+            if name.startswith("dshard"):
+                place, parameter = name.removeprefix("dshard").split(".", 1)
+                rows.setdefault(parameter, {}).setdefault(int(place), tensor)
+    for name in [n for n in reference if n.startswith("dshard")]:
+        del reference[name]
+    for parameter, by_place in rows.items():
+        reference[parameter] = torch.cat([by_place[k] for k in sorted(by_place)])
     return reference
 
 

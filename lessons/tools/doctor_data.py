@@ -4,6 +4,8 @@ drawn, not from a sampler's class. Registered in RULES, below."""
 
 from __future__ import annotations
 
+import math
+
 from .doctor_report import Finding, Rule
 
 SAME_SAMPLES = 0.5  # ranks sharing more than half their samples in a pass: no sharding, not a padded shard
@@ -82,6 +84,12 @@ def _same_samples(trained, samplers, nproc, events) -> list[Finding]:
         window = -(-length // nproc) if endless else None
         limit = (1 + 1 / nproc) / 2 if endless else SAME_SAMPLES
         mine = set(p.indices[:window])
+        drawn_here = len(p.indices[:window])
+        if length and len(mine) < 0.1 * length * (1 - math.exp(-drawn_here / length)):
+            # Far fewer samples than even draws at random with replacement would give (an endless sampler that
+            # yields indices 0 and 1 to a data set that makes each sample itself, at random): the indices name no
+            # samples, and say nothing of what each rank trained on.
+            continue
         for rank, ps in sorted(trained.items()):
             other = ps.get(key)
             if rank == reference_rank or other is None or other.indices is None or \
@@ -213,12 +221,12 @@ def _evaluations(passes, samplers, nproc, events) -> list[Finding]:
                 continue
             every = [i for d in drawn.values() for i in d]
             repeated = len(every) - len(set(every))
-            # Reduced, the padding counts twice; gathered, the script holds each sample's result and can drop the
-            # padding (Accelerate's gather_for_metrics does): no claim. Padding is a sampler's, over one data set on
-            # every rank: shares of Subsets that differ between ranks and overlap (an unseeded random_split) are
-            # datasets-differ's.
+            # Reduced, or aggregates gathered and summed (a metric library's counts), the padding counts twice;
+            # per-sample results gathered, the script can drop the padding (gather_for_metrics does): no claim.
+            # Padding is a sampler's, over one data set on every rank: shares of Subsets that differ between ranks
+            # and overlap (an unseeded random_split) are datasets-differ's.
             one_loader_set = len({p.loader["dataset"] for p in by_rank.values()}) == 1
-            if combined & REDUCTIONS and repeated and one_loader_set \
+            if combined & (REDUCTIONS | {"gather-aggregate"}) and repeated and one_loader_set \
                     and not any(f.code == "padded-evaluation" for f in found):
                 length = by_rank[first_rank].loader["length"]
                 of = f" of {length}" if length else ""
@@ -272,6 +280,8 @@ def _combined_after(events, p, training) -> set:
             and e.get("loader") == p.loader["loader"] and e.get("number") == p.number]
     if not mine:
         return set()
+    end = events[mine[-1]]
+    per_sample = {n for n in [*(end.get("batch_sizes") or []), len(p.indices or [])] if n > 0}
     steps, ops = events[mine[-1]].get("steps", 0), set()
     for e in events[mine[0] + 1:]:
         if e["event"] in ("pass", "batch") and (e["loader"], e["number"]) in training:
@@ -279,8 +289,25 @@ def _combined_after(events, p, training) -> set:
         if e.get("steps", steps) > steps:
             break
         if e["event"] == "collective" and e["op"] in CARRY_DATA:
-            ops.add(e["op"])
+            ops.add(_gathered_what(e, per_sample) if e["op"] in GATHERS else e["op"])
     return ops
+
+
+GATHERS = {"all_gather", "all_gather_into_tensor", "gather"}
+
+
+def _gathered_what(e, per_sample: set) -> str:
+    """A gather of per-sample results (its tensors' first dimension a batch's or the pass's sample count: the
+    script can drop the padding, as Accelerate's gather_for_metrics does) or of aggregates (counts, sums: a metric
+    library's states, gathered and then summed, count the padding twice). Objects: per-sample, no claim."""
+    shape = e.get("shape")
+    if not shape:
+        return "gather-per-sample"
+    tensors = shape if isinstance(shape[0], list) and shape and isinstance(shape[0][0], list) else [shape]
+    firsts = {dims[0] for dims, _ in tensors if dims}
+    if e["op"] == "all_gather_into_tensor":
+        firsts |= {n // max(len(tensors), 1) for n in firsts}
+    return "gather-per-sample" if firsts & per_sample else "gather-aggregate"
 
 
 RULES = [

@@ -68,6 +68,8 @@ FIELDS = {
 PARAMS = {
     r"opt\d+\.\d+": "a module's parameter held by optimizer i (j-th in its param_groups), at exit: a replica, compared"
                      " between ranks and with one process",
+    r"dshard\d+\.opt\d+\.\d+": "a DTensor parameter's rows on this rank (FSDP2's Shard(0) over a 1-D mesh),"
+                                   " named by its place on the mesh: put together in that order, the parameter",
     r"flat\.opt\d+\.\d+": "a FullyShardedDataParallel flat parameter's shard: this rank's part of one flat vector",
     r"own\.opt\d+\.\d+": "a tensor of the rank's own: a parameter of a module FSDP shards, or no module's parameter"
                           " (a ZeRO partition written by hand)",

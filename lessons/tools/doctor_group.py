@@ -215,9 +215,10 @@ def _branch(events, calls: dict[int, list], place: int) -> Finding | None:
     conditions, if_site = found
     one = len(conditions) == 1
     return Finding("collective-in-branch", (
-        f"rank {a} entered {' and '.join(conditions)} and called {mine['op']} at {mine['site']} (its collective #{place + 1});"
-        f" rank {b} {went_on}: {'the condition' if one else 'one of the conditions'} read a value that differs"
-        " between ranks (a rank's own metric, loss or rank), so one rank waits at a collective the others never reach: a hang, or a crash when a later"
+        f"rank {a} entered {' and '.join(conditions)} and called {mine['op']} at {mine['site']} (its collective"
+        f" #{place + 1}); rank {b} {went_on}: {'the condition' if one else 'one of the conditions'} read a value that"
+        " differs between ranks (a rank's own metric, loss or rank), so one rank waits at a collective the others"
+        " never reach: a hang, or a crash when a later"
         " collective meets it. Decide from a value every rank shares: all-reduce the metric (or decide on rank 0"
         " and broadcast the decision), then take the branch together; or keep the collective out of the branch"
         " (lessons 11 and 13b)"), if_site)

@@ -22,6 +22,7 @@ What it records, and why (lessons/tools/doctor_rules.py and its areas turn it in
 - at exit, every optimizer's parameters (and each DDP module's), to compare between ranks and with one process.
 """
 import os
+import sys
 
 
 def _install(out_dir, rank):
@@ -44,7 +45,11 @@ def _activate():
     if not out_dir or "RANK" not in os.environ or "LOCAL_RANK" not in os.environ:
         return  # not the doctor's launch, or torchrun's agent
     owner = os.environ.get("LESSONS_DOCTOR_RANK_PID")
-    if owner and owner != str(os.getpid()):  # a process the rank started: it inherits the environment, not the job
+    # The one process a rank spawned to do its work (mp.spawn(nprocs=1)): the rank, from now on. Not the resource
+    # tracker multiprocessing starts beside it, which inherits the same environment.
+    follow = owner and os.environ.pop("LESSONS_DOCTOR_FOLLOW", None) == owner \
+        and any("spawn_main" in argument for argument in getattr(sys, "orig_argv", []))
+    if owner and owner != str(os.getpid()) and not follow:  # a process the rank started: the environment, not the job
         try:
             __import__("_ddp_doctor_instruments.group").group.watch_a_spawned_process(out_dir, int(os.environ["RANK"]))
         except Exception:  # noqa: BLE001  never why a process fails

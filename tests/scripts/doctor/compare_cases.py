@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc-per-node=2 compare_cases.py [--batch-size B] [--loss L] [--scale-lr]
         [--bf16] [--epochs E] [--init-file PATH] [--random-sampler-alone] [--batch-sampler]
-        [--save-on-every-rank PATH] [--fsdp1] [--dropout P] [--workers W]
+        [--save-on-every-rank PATH] [--fsdp1] [--fsdp2] [--dropout P] [--workers W]
 
 --batch-size is per rank. --loss mean (the default); sum-over-flag sums the loss and divides by --batch-size (right
 for a per-rank flag: DDP averages the ranks' gradients); sum (the mistake: N times one process's step). --scale-lr multiplies the learning rate by the world size (lessons 04, 13b).
@@ -12,7 +12,8 @@ train.py), so one process draws other batches. --batch-sampler: the loader takes
 DistributedSampler (as Accelerate's prepared loaders do). $CHECKPOINT_DIR (an auto-resuming trainer): resume from
 CHECKPOINT_DIR/last.pt when it exists, save there at the end. --save-on-every-rank: every rank saves the model to
 PATH at the end (a finding of severity 2, in a run that trains the same model). --fsdp1: FullyShardedDataParallel
-instead of DDP (each rank's optimizer holds its shard of flat parameters). --dropout P: a Dropout(P) layer, each rank
+instead of DDP (each rank's optimizer holds its shard of flat parameters); --fsdp2: fully_shard (DTensor rows; the
+last layer's 1-element bias leaves rank 1 of 2 an empty shard). --dropout P: a Dropout(P) layer, each rank
 its own masks (the runs differ by design; --compare says to run both with --dropout 0). --workers W: the loader's
 worker processes (with a batch_sampler, torch calls iter(batch_sampler) twice a pass).
 """
@@ -36,6 +37,7 @@ parser.add_argument("--random-sampler-alone", action="store_true")
 parser.add_argument("--batch-sampler", action="store_true")
 parser.add_argument("--save-on-every-rank")
 parser.add_argument("--fsdp1", action="store_true")
+parser.add_argument("--fsdp2", action="store_true")
 parser.add_argument("--dropout", type=float, default=0.0)
 parser.add_argument("--workers", type=int, default=0)
 args = parser.parse_args()
@@ -55,6 +57,12 @@ if args.init_file:
 if args.fsdp1:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     model = FSDP(model, device_id=torch.device("cpu"))
+elif args.fsdp2:
+    from torch.distributed.fsdp import fully_shard
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    model = fully_shard(model)
 else:
     model = DDP(model)
 lr = 0.05 * (world_size if args.scale_lr else 1)

@@ -1,7 +1,8 @@
 """A correct DDP script that, like pytorch/examples' imagenet/main.py, starts its own ranks with mp.spawn only under
 --multiprocessing-distributed; under torchrun without it, it joins torchrun's ranks. Its output has lines a careless
 reader of the course's `RESULT {json}` convention would choke on. --processes (fork|spawn) starts them as PyTorch's
-"Writing Distributed Applications" tutorial does, with torch.multiprocessing.Process (and the start method given)."""
+"Writing Distributed Applications" tutorial does, with torch.multiprocessing.Process (and the start method given).
+--spawn-one: each rank spawns one process that trains as that rank (correct: the doctor follows it there)."""
 import os
 import sys
 
@@ -36,9 +37,16 @@ def train(rank, world_size):
     dist.destroy_process_group()
 
 
+def train_as_torchruns_rank(index):
+    """The one process a rank spawns (--spawn-one): it trains as the rank torchrun made (torch-multip's way)."""
+    train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+
+
 if __name__ == "__main__":
     if "--multiprocessing-distributed" in sys.argv:
         mp.spawn(train, args=(2,), nprocs=2)
+    elif "--spawn-one" in sys.argv:
+        mp.spawn(train_as_torchruns_rank, nprocs=1)
     elif "--processes" in sys.argv:
         mp.set_start_method(sys.argv[sys.argv.index("--processes") + 1])
         processes = [mp.Process(target=train, args=(rank, 2)) for rank in range(2)]

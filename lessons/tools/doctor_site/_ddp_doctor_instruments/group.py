@@ -91,7 +91,11 @@ def install_optimizers(rec):
         vector, in rank order); "own" each rank's own by design: a DTensor's local shard, a parameter of a module
         FSDP shards, a tensor that is no module's parameter (ZeRO's partition written by hand)."""
         if type(p.data).__name__ == "DTensor" or type(p).__name__ == "DTensor":
-            return None  # its local shard is the rank's own, and nothing to compare
+            # FSDP2's fully_shard: rows split over a 1-D mesh (Shard(0)); put together again from the ranks' shards
+            # in the mesh's order. Any other layout is the rank's own, and nothing to compare.
+            placements = getattr(p, "placements", ())
+            one_dim = getattr(p, "device_mesh", None) is not None and p.device_mesh.ndim == 1
+            return "dshard" if one_dim and [str(x) for x in placements] == ["S(0)"] else None
         if getattr(p, "_is_flat_param", False):
             return "flat"
         if id(p) in sharded or not is_registered(p):
@@ -106,7 +110,10 @@ def install_optimizers(rec):
             if None in kinds:
                 continue  # shards: each rank holds its own part, nothing to compare
             for j, (p, kind) in enumerate(zip(tensors, kinds)):
-                params[f"opt{i}.{j}" if kind == "opt" else f"{kind}.opt{i}.{j}"] = p.detach().float().cpu()
+                if kind == "dshard":  # this rank's rows, named by their place on the mesh
+                    params[f"dshard{p.device_mesh.get_coordinate()[0]}.opt{i}.{j}"] = local(p).detach().float().cpu()
+                else:
+                    params[f"opt{i}.{j}" if kind == "opt" else f"{kind}.opt{i}.{j}"] = p.detach().float().cpu()
             for j, p in enumerate(rec.first_params.get(id(optimizer), [])):
                 if kinds[j] == "opt":
                     params[f"start.opt{i}.{j}"] = p
@@ -279,11 +286,21 @@ def install_process_group(rec):
         if hasattr(dist, name):
             _replace(dist, name, collective_call(name))
 
-    # mp.spawn under torchrun: every rank would start its own world. Refused when it is called, not when the word
+    # mp.spawn of several processes under torchrun: every rank would start its own world. Refused when it is called,
+    # not when the word
     # is in the file: a script that spawns only under a flag (pytorch/examples' imagenet) runs under torchrun.
     def refuse(call):
         def make(original):
             def spawn(*args, **kwargs):
+                nprocs = kwargs.get("nprocs", args[2] if len(args) > 2 else 1)
+                if nprocs == 1 and not dist.is_initialized():
+                    # One process, started by the rank before any group: the rank's work moves into it (a script
+                    # written for both launchers). The instruments follow it: that process records as this rank.
+                    os.environ["LESSONS_DOCTOR_FOLLOW"] = str(os.getpid())
+                    try:
+                        return original(*args, **kwargs)
+                    finally:
+                        os.environ.pop("LESSONS_DOCTOR_FOLLOW", None)
                 rec.event("spawn", site=rec.site(), call=call)
                 raise RuntimeError(
                     f"DDP doctor: this script starts its own ranks ({call}) while torchrun has already started"
