@@ -16,11 +16,14 @@ Some scripts need packages the course does not install ("needs"); give --python 
 course, for example a venv whose .pth line is `import site; site.addsitedir(".venv/lib/python3.X/site-packages")`
 (absolute) with `uv pip install --no-deps timm huggingface_hub==0.26.5 safetensors pyyaml jsonargparse
 docstring-parser typeshed-client transformers==4.46.3 tokenizers==0.20.3 regex openai==0.28.1 click yacs
-termcolor tqdm` in it, and run this file with that Python too (a tiny GPT-2 is made with its transformers). Data
+termcolor tqdm six opencv-python-headless einops webdataset==0.2.86 braceexpand ftfy wcwidth pandas
+python-dateutil pytz tzdata fsspec` and `uv pip install wandb==0.19.1` (with its dependencies) in it, and run this
+file with that Python too (a tiny GPT-2 is made with its transformers). Data
 is never downloaded: "prepare" writes tiny stand-ins where the script looks for its files (MNIST's raw files, a folder of
 images, ImageNet's train/val folders, token ids, a model and its tokenizer), so the script's own download code finds
 them present and skips the download. "fresh" names the folders a script resumes from, removed before each run;
-"nodes" adds a run with `-n 1 --nodes 2` (mistakes that show from the second node on). A source missing from
+"nodes" adds a run with `-n 1 --nodes 2` (mistakes that show from the second node on);
+"doctor" gives the doctor flags of its own (a --timeout where a script is known to hang it). A source missing from
 SOURCES_DIR is a row that says so. Extract one at its commit from a clone with `git archive COMMIT | tar -x -C
 SOURCES_DIR/owner+name` (a mirror without some large files: `git archive COMMIT -- PATHS`, the paths whose objects
 it has).
@@ -288,6 +291,132 @@ SCRIPTS = [
              '0 downloads MNIST first behind a barrier, evaluation on rank 0 alone over the whole test set '
              '(model.module; the others wait at a barrier), a save on rank 0 only (--save-model, off), the device '
              'from LOCAL_RANK'},
+    {"name": "Edward-RSE/torch-multip main.py (torch.multiprocessing.Process, Hogwild)",
+     "repo": "Edward-RSE/torch-multip",
+     "doctor": ["--timeout", "90"],
+     "commit": "3b43719c4747cf3fe11cc68058ae3a96c4860d01", "path": "main.py", "patch": None,
+     "args": ["--world-size", "2", "--num-epochs", "1", "--batch-size", "32"], "prepare": ["mnist", "data"],
+     "read": "PyTorch's MNIST Hogwild pattern: main() seeds one seed, makes the Net in shared memory and starts"
+             " --world-size torch.multiprocessing.Process (spawn), each running SGD on that shared model over the"
+             " whole data set (no sampler, no process group: lock-free updates), then validates on the training"
+             " set. Under torchrun each rank does all of this alone: no process ever calls init_process_group, so"
+             " 2 ranks are 2 copies of one Hogwild job (the same seed: the same model twice); MNIST downloaded on"
+             " every rank"},
+    {"name": "Edward-RSE/torch-multip main.py --multinode (its torchrun variant)", "repo": "Edward-RSE/torch-multip",
+     "doctor": ["--timeout", "90"],
+     "commit": "3b43719c4747cf3fe11cc68058ae3a96c4860d01", "path": "main.py", "patch": None,
+     "args": ["--multinode", "--num-epochs", "2", "--batch-size", "16"], "prepare": ["mnist", "data"],
+     "nodes": True,
+     "read": "the same tutorial's distributed path: each torchrun rank starts one child with"
+             " torch.multiprocessing.spawn(nprocs=1), which passes LOCAL_RANK as init_process_group's rank (right"
+             " on one node; on 2 nodes two processes claim rank 0) and WORLD_SIZE from torchrun; DDP, a"
+             " DistributedSampler with set_epoch, a seed per rank (seed + rank) before training: the Net's dropout"
+             " differs per rank (right), DDP broadcasts rank 0's weights; rank 0 saves and validates on the whole"
+             " training set alone, between barriers; destroys the group"},
+    {"name": "lufficc/SSD train.py (its own DistributedSampler in a batch_sampler)", "repo": "lufficc/SSD",
+     "commit": "68dc0a20efaf3997e58b616afaaaa21bf8ca3c05", "path": "train.py", "patch": "lufficc+SSD__train.patch",
+     "args": ["--config-file", "configs/mobilenet_v2_ssd320_voc0712.yaml", "--use_tensorboard", "False", "--skip-test",
+              "--log_step", "1", "--save_step", "100", "--eval_step", "-1", "MODEL.DEVICE", "cpu",
+              "MODEL.BACKBONE.PRETRAINED", "False", "DATA_LOADER.NUM_WORKERS", "2", "SOLVER.BATCH_SIZE", "4",
+              "SOLVER.MAX_ITER", "12", "SOLVER.LR_STEPS", "[8, 10]", "DATASETS.TRAIN", "('voc_2007_trainval',)",
+              "OUTPUT_DIR", "out"],
+     "needs": ["yacs", "cv2"], "fresh": ["out"], "prepare": ["voc", "datasets/VOC2007", {"images": 16}],
+     "read": "its own DistributedSampler (ssd/data/samplers: a copy of torch's, padded, shuffled by its epoch) in a"
+             " BatchSampler, wrapped in an IterationBasedBatchSampler that calls set_epoch(iteration) at each pass"
+             " (right), given to the DataLoader as batch_sampler= with DATA_LOADER.NUM_WORKERS workers: disjoint"
+             " shares; DDP; no seed (each rank its own init, DDP broadcasts rank 0's; each rank's workers their own"
+             " augmentation); the lr scaled by the world size and MAX_ITER and the milestones divided by it (one"
+             " process trains twice the iterations at half the rate); the losses reduced to rank 0 for logging"
+             " (dist.reduce each step); checkpoints on rank 0 only, and every rank resumes from OUTPUT_DIR's last one"
+             " (CheckPointer.load, map_location cpu) without being asked; no destroy_process_group; MobileNetV2's"
+             " BatchNorm per rank. The final VOC evaluation (gathers the predictions by image id) is skipped"
+             " (--skip-test: its np.bool fails on NumPy 2). The patch: gloo, no set_device, DDP without device_ids,"
+             " and a numeric torchvision version check (its string compare '0.29.1' >= '0.3.0' exits)"},
+    {"name": "meta-math/MetaMath train_math.py (Hugging Face Trainer, dataloader workers)",
+     "repo": "meta-math/MetaMath",
+     "commit": "fe667b14f9a4c51bde9809adafb82b6b5d255800", "path": "train_math.py", "patch": None,
+     "needs": ["transformers"],
+     "args": ["--model_name_or_path", "tiny", "--data_path", "data.json", "--data_length", "32", "--output_dir", "out",
+              "--num_train_epochs", "1", "--per_device_train_batch_size", "4", "--model_max_length", "256",
+              "--use_cpu", "--report_to", "none", "--save_strategy", "no", "--ddp_backend", "gloo",
+              "--dataloader_num_workers", "2"],
+     "fresh": ["out"], "prepare": ["tiny_gpt2", "."],
+     "read": "Stanford Alpaca's train.py, modified: its collator tokenizes in the DataLoader's workers"
+             " (--dataloader_num_workers 2); random.seed(42) at import shuffles the examples alike on every rank"
+             " (one order, then sharded by the Trainer: right); the Trainer seeds every rank with one seed (42) and"
+             " GPT-2 has dropout: the same dropout masks on every rank; the Trainer shards the data (Accelerate's"
+             " batch_sampler), all-reduces through DDP and saves on rank 0 (should_save); transformers 4.x"},
+    {"name": "qiuqiangkong/mini_llm train_accelerate.py (Accelerate, an endless sampler)",
+     "repo": "qiuqiangkong/mini_llm", "commit": "9282d30d62eaa155b4f597ff9e29c8d9ebb07899",
+     "path": "train_accelerate.py", "patch": "qiuqiangkong+mini_llm__train_accelerate.patch",
+     "args": ["--model_name", "Llama", "--no_log"], "needs": ["wandb", "einops"], "fresh": ["checkpoints"],
+     "read": "Accelerate prepares a DataLoader with num_workers workers over its own endless sampler (MySampler:"
+             " random.randint(0, 1), so the loader draws only the indices 0 and 1); the data set ignores the index"
+             " and cuts a random window of the text with Python's random in each worker, seeded from each rank's"
+             " own (unseeded) torch generator: every rank draws its own windows, by design (as nanoGPT's get_batch"
+             " does), though every rank's loader draws the same indices; no seed (DDP broadcasts rank 0's init);"
+             " evaluation and checkpoints on the main process only, over the unsharded text (right); no"
+             " end_training or destroy_process_group; no dropout. The patch: the CPU (and Accelerator(cpu=True):"
+             " without it Accelerate runs each rank as a process of its own on a machine without GPUs), a 2-layer"
+             " width-32 Llama, 6 steps, 2 workers, windows of 32"},
+    {"name": "mlfoundations/open_clip open_clip_train/main.py --fsdp (FSDP2, a 1-element logit_scale)",
+     "repo": "mlfoundations/open_clip", "commit": "89fb801f1e6087880e951fc8354b8a2077b79c6d",
+     "path": "src/open_clip_train/main.py", "folder": "src", "patch": "mlfoundations+open_clip__main.patch",
+     "args": ["--model", "ViT-tiny-cpu", "--dataset-type", "synthetic", "--train-num-samples", "32",
+              "--batch-size", "4", "--epochs", "1", "--workers", "1", "--device", "cpu", "--precision", "fp32",
+              "--fsdp", "--lr", "1e-3", "--warmup", "1", "--save-frequency", "1", "--report-to", "none",
+              "--log-every-n-steps", "1"],
+     "needs": ["webdataset", "pandas", "ftfy", "braceexpand", "regex"], "fresh": ["logs"],
+     "read": "FSDP2 (--fsdp): prepare_fsdp reshapes the 0-D logit_scale to [1] and fully_shard()s the blocks and"
+             " the root, so on 2 ranks rank 1's shard of logit_scale is empty; one seed for the init"
+             " (random_seed(seed, 0)), then a seed per rank; a DistributedSampler with set_epoch (DataInfo); the"
+             " contrastive loss gathers every rank's features; the full checkpoint is gathered by every rank and"
+             " written by rank 0 only; no destroy_process_group; no dropout. Its synthetic data set repeats one"
+             " image and one caption: the loss stays at log 8 and only the weight decay moves the weights. The"
+             " patch puts src/ on sys.path (as `pip install -e .` would) and adds a tiny model config"},
+    {"name": "haofanwang/pytorch-distributed-training main.py", "repo": "haofanwang/pytorch-distributed-training",
+     "commit": "8fab8bd72fcdb4ccdc086e9fbec3922fa9dcc845", "path": "main.py",
+     "patch": "haofanwang+pytorch-distributed-training__main.patch", "args": ["--epochs", "2", "--batch_size", "64"],
+     "read": "evaluate() runs each rank over its own half of the validation set (a DistributedSampler) and puts"
+             " (correct, total) in a tensor that it never all-reduces: rank 0 prints its own half's accuracy (the"
+             " next epoch's dist.reduce of the training loss, for logging, comes after it); a shuffling"
+             " DistributedSampler and no set_epoch over 2 epochs: the same order twice; one seed on every rank"
+             " (the same data, the same init; no dropout); no destroy_process_group; SyncBatchNorm conversion of a"
+             " model without BatchNorm (nothing). The patch: gloo, no .cuda()"},
+    {"name": "zjykzj/pytorch-distributed multi_gpu/main.py (torchmetrics over padded shards)",
+     "repo": "zjykzj/pytorch-distributed", "commit": "5e83d929e2cac6303227a8920c0b8ba713aeb88f",
+     "path": "multi_gpu/main.py", "patch": "zjykzj+pytorch-distributed__multi_gpu.patch",
+     "args": ["--batch-size", "16", "--test-batch-size", "16", "-e", "2", "--log-interval", "4"],
+     "prepare": ["mnist", "data", {"test": 63}],
+     "read": "its rank is --local_rank (torch.distributed.launch's), passed to init_process_group: on 2 nodes two"
+             " processes claim rank 0; a seed per rank before the model (DDP broadcasts rank 0's); a shuffling"
+             " DistributedSampler and no set_epoch over 2 epochs: the same order twice; the test pass runs on a"
+             " padded DistributedSampler (63 images on 2 ranks: one counted twice) and torchmetrics'"
+             " Accuracy.compute() sums the ranks' counts (gathered): the duplicate is counted; MNIST downloaded on"
+             " every rank; no destroy_process_group; BatchNorm per rank. The patch: gloo, the CPU, --local_rank's"
+             " default from LOCAL_RANK, Accuracy(task='multiclass', num_classes=10) (required since torchmetrics"
+             " 0.11)"},
+    {"name": "BigChungusDaddy/DistributedPyTorch: Lei Mao's ResNet-18 DDP example (train_dist)",
+     "repo": "BigChungusDaddy/DistributedPyTorch",
+     "commit": "4709b41797806670a92cf6797d1545077900e11e", "path": "train_dist.py",
+     "patch": "BigChungusDaddy+DistributedPyTorch__train_dist.patch",
+     "args": ["--num_epochs", "2", "--batch_size", "16", "--model_dir", "."],
+     "read": "Lei Mao's ResNet-18 DDP example, edited for the CPU and gloo: torch.save of the state dict on every"
+             " rank at epoch 0, to one path; a shuffling DistributedSampler and no set_epoch over 2 epochs: the"
+             " same order twice; one seed on every rank (the same init, no dropout; the same worker seeds, so the"
+             " same random crops and flips on every rank); every rank evaluates the whole test set (duplicated"
+             " work, right); no destroy_process_group; BatchNorm per rank. The patch puts FakeData of CIFAR10's"
+             " shape in place of CIFAR10 (torchvision checks its md5s: no stand-in file can pass) and 2 workers"},
+    {"name": "chaochen1998/Pytorch-distributed-training-demo demo.py",
+     "repo": "chaochen1998/Pytorch-distributed-training-demo", "commit": "70aa9d9d3d8aa42a5f02728fb846295f972b67ec",
+     "path": "demo.py", "patch": "chaochen1998+Pytorch-distributed-training-demo__demo.patch", "args": [],
+     "read": "the GPU picked by the global rank (torch.cuda.set_device(rank % device_count()): right on one node"
+             " only), the device by LOCAL_RANK; CIFAR10 downloaded by global rank 0 only while the others wait at"
+             " a barrier (on 2 nodes the second node's copy is missing); a DistributedSampler with set_epoch"
+             " (right); no seed (DDP broadcasts rank 0's init); rank 0 prints its own shard's training accuracy;"
+             " rank 0 saves; no destroy_process_group; random crops in 4 workers; BatchNorm per rank. The patch:"
+             " gloo and the CPU (set_device kept behind torch.cuda.is_available()), FakeData for CIFAR10 (md5s),"
+             " batch 16, 2 epochs, 2 workers"},
 ]
 
 
@@ -372,8 +501,36 @@ def tiny_gpt2(root: Path, examples: int = 32) -> None:
     (root / "data.json").write_text(json.dumps(tasks))
 
 
+def voc_folder(root: Path, images: int = 16, size: int = 96, splits: tuple = ("trainval", "test")) -> None:
+    """Pascal VOC's layout, as detection code reads it: ROOT/JPEGImages/ID.jpg, ROOT/Annotations/ID.xml (one or two
+    objects of a VOC class, a box inside the image, not difficult) and ROOT/ImageSets/Main/SPLIT.txt (every id)."""
+    import numpy as np
+    from PIL import Image
+    classes = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
+               "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")
+    generator = np.random.default_rng(0)
+    for folder in ("JPEGImages", "Annotations", "ImageSets/Main"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    ids = [f"{i:06d}" for i in range(images)]
+    for image_id in ids:
+        Image.fromarray(generator.integers(0, 256, size=(size, size, 3), dtype=np.uint8)).save(
+            root / "JPEGImages" / f"{image_id}.jpg")
+        objects = []
+        for _ in range(int(generator.integers(1, 3))):
+            x1, y1 = (int(v) for v in generator.integers(1, size // 2, size=2))
+            x2, y2 = (int(v) for v in generator.integers(size // 2 + 8, size, size=2))
+            objects.append(f"<object><name>{classes[int(generator.integers(0, len(classes)))]}</name>"
+                           f"<difficult>0</difficult><bndbox><xmin>{x1}</xmin><ymin>{y1}</ymin><xmax>{x2}</xmax>"
+                           f"<ymax>{y2}</ymax></bndbox></object>")
+        (root / "Annotations" / f"{image_id}.xml").write_text(
+            f"<annotation><size><width>{size}</width><height>{size}</height><depth>3</depth></size>"
+            + "".join(objects) + "</annotation>")
+    for split in splits:
+        (root / "ImageSets" / "Main" / f"{split}.txt").write_text("\n".join(ids) + "\n")
+
+
 PREPARE = {"mnist": fake_mnist, "images": image_folder, "train_val": train_val_folders, "tokens": token_bins,
-           "tiny_gpt2": tiny_gpt2}
+           "tiny_gpt2": tiny_gpt2, "voc": voc_folder}
 # a script's "prepare": [kind, folder, {options}]
 
 
@@ -429,11 +586,12 @@ def examine(script: dict, sources: Path, python: Path, show: bool = False,
         def fresh():  # a script that resumes from what it wrote ("fresh": its output folders) starts from nothing
             for path in script.get("fresh", []):
                 shutil.rmtree(here / path, ignore_errors=True)
+        flags = script.get("doctor", [])  # the doctor's own flags (a --timeout for a script that hangs it)
         runs = {"plain": [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", name],
-                "doctored": [python, "-m", "lessons", "doctor", name, "-n", "2", "--"],
-                "--compare": [python, "-m", "lessons", "doctor", name, "-n", "2", "--compare", "--"]}
+                "doctored": [python, "-m", "lessons", "doctor", name, "-n", "2", *flags, "--"],
+                "--compare": [python, "-m", "lessons", "doctor", name, "-n", "2", "--compare", *flags, "--"]}
         if script.get("nodes"):  # mistakes that show only from the second node on
-            runs["2 nodes"] = [python, "-m", "lessons", "doctor", name, "-n", "1", "--nodes", "2", "--"]
+            runs["2 nodes"] = [python, "-m", "lessons", "doctor", name, "-n", "1", "--nodes", "2", *flags, "--"]
         done, seconds = {}, {}
         for title, command in runs.items():
             fresh()
