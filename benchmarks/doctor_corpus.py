@@ -1,6 +1,7 @@
 """The doctor's labeled corpus: every case it has, each with the codes it must raise and its --compare verdict.
 
     .venv/bin/python benchmarks/doctor_corpus.py [--only TEXT] [--sources DIR] [--python PYTHON] [--show]
+        [--record-to tests/doctor_corpus]
 
 A case is a script and its arguments: the doctor's own test scripts (tests/scripts/doctor/), the course's scripts
 that make a mistake on purpose and their fixes, correct scripts of the course, and the public scripts of
@@ -11,8 +12,12 @@ benchmarks/public_scripts.py (when --sources holds them; see that file). Each is
 The doctor runs once a case, from the command line as a user would (with --compare where a verdict is labeled).
 Each row: the codes found, missed and raised in error, the verdict, the status, the seconds. Then the totals:
 precision and recall of the findings (over every code of every case), --compare right/wrong, and the seconds.
-A benchmark, not a test: the results go to benchmarks/LOG.md, with the commit. Every change to a rule runs it, and
-a change that loses a case that passed is not done.
+A benchmark, not a test: the results go to benchmarks/LOG.md, with the commit. Every change to the instruments runs
+it, and a change that loses a case that passed is not done. --record-to keeps each case's recorded run (the ranks'
+events and parameters, launch.json) with its labels (case.json) in a folder of its own: tests/test_doctor_corpus.py
+decides every rule again from tests/doctor_corpus/ in seconds, inside make test, so a change to a rule is checked
+against every case without a launch. Re-record (the command above with --record-to tests/doctor_corpus, and
+--sources for the public scripts) when the instruments or the labels change.
 """
 import argparse
 import json
@@ -87,6 +92,27 @@ CASES = [
     {"script": DOCTOR + "samplers.py", "args": ["--eval", "own-share"], "codes": ["unreduced-evaluation"]},
     {"script": DOCTOR + "samplers.py", "args": ["--eval", "reduced"], "codes": []},
     {"script": DOCTOR + "samplers.py", "args": ["--early-stop-on-rank0"], "codes": ["unequal-batches"], "status": 2},
+    {"script": DOCTOR + "samplers.py", "args": ["--train", "epochs-in-a-batch-sampler"], "codes": []},
+    {"script": DOCTOR + "samplers.py", "args": ["--train", "epochs-in-a-batch-sampler", "--workers", "1"],
+     "codes": []},
+    # a learner's own script: "save the best" from an evaluation on each rank's share
+    {"script": DOCTOR + "learner_best.py", "args": ["--eval", "subset"], "codes": ["unreduced-evaluation"]},
+    {"script": DOCTOR + "learner_best.py", "args": ["--eval", "sampler", "--barrier", "after"],
+     "codes": ["unreduced-evaluation"]},
+    {"script": DOCTOR + "learner_best.py", "args": ["--eval", "subset", "--barrier", "after", "--log-loss"],
+     "codes": ["unreduced-evaluation"]},
+    {"script": DOCTOR + "learner_best.py", "args": ["--eval", "reduced", "--barrier", "after", "--log-loss"],
+     "codes": []},
+    {"script": DOCTOR + "learner_best.py", "args": ["--epochs", "8", "--barrier", "in-branch"], "status": 2,
+     "codes": ["collective-in-branch", "unreduced-evaluation"], "doctor": ["--timeout", "30"]},
+    {"script": "exercises/find_the_hang/rank_conditional.py", "nproc": 3, "codes": ["collective-in-branch"],
+     "status": 2, "doctor": ["--timeout", "20"]},
+    {"script": "exercises/solutions/find_the_hang/rank_conditional.py", "nproc": 3, "codes": []},
+    {"script": DOCTOR + "spawns_under_a_flag.py", "args": ["--spawn-one"], "codes": []},  # followed into it
+    {"script": DOCTOR + "spawns_under_a_flag.py", "args": ["--processes", "fork"], "codes": [], "status": 2,
+     "error": "multiprocessing's Process"},
+    {"script": DOCTOR + "spawns_under_a_flag.py", "args": ["--processes", "spawn"], "codes": [], "status": 2,
+     "error": "multiprocessing's Process"},
     # --compare: the one-process run a user would call equivalent
     {"script": DOCTOR + "compare_cases.py", "codes": [], "compare": "same"},
     {"script": DOCTOR + "compare_cases.py", "args": ["--loss", "sum-over-flag"], "codes": [], "compare": "same"},
@@ -107,6 +133,12 @@ CASES = [
      "doctor": ["--one-process-env", "CHECKPOINT_DIR={tmp}/alone"]},
     {"script": DOCTOR + "compare_cases.py", "args": ["--batch-sampler"], "codes": [], "compare": "same"},
     {"script": DOCTOR + "compare_cases.py", "args": ["--fsdp1"], "codes": [], "compare": "same"},
+    {"script": DOCTOR + "compare_cases.py", "args": ["--fsdp2"], "codes": [], "compare": "same"},
+    {"script": DOCTOR + "compare_cases.py", "args": ["--batch-sampler", "--workers", "2"], "codes": [],
+     "compare": "same"},
+    {"script": DOCTOR + "compare_cases.py", "args": ["--dropout", "0.2"], "codes": [], "compare": "differ",
+     "expect_line": "--dropout 0"},
+    {"script": DOCTOR + "models_by_hand.py", "args": ["--wrap", "fully-shard"], "codes": [], "compare": "none"},
     {"script": DOCTOR + "compare_cases.py", "args": ["--save-on-every-rank", "{tmp}/every.pt"],
      "codes": ["save-on-every-rank"], "compare": "same", "status": 1},
     # the course's scripts: lesson 14b's mistakes and fixes, and correct scripts of other lessons
@@ -118,6 +150,8 @@ CASES = [
     {"script": "ddp_scripts/summed_loss.py", "codes": [], "compare": "differ", "expect_line": "summed"},
     {"script": "ddp_scripts/local_rank_mistakes.py", "args": ["{tmp}/local_rank.pt"], "nproc": 1, "nodes": 2,
      "codes": ["same-samples", "save-on-every-rank"]},
+    {"script": "ddp_scripts/digits_single.py", "args": ["--epochs", "1", "--save", "{tmp}/single.pt"],
+     "codes": ["not-distributed"], "compare": "none", "absent_line": "per rank"},  # no group: no rank's batch
     {"script": "ddp_scripts/template.py", "args": ["--epochs", "1"], "codes": [], "compare": "same"},
     {"script": "ddp_scripts/template.py", "args": ["--epochs", "1", "--checkpoint", "{tmp}/run.pt"], "codes": [],
      "compare": "none"},
@@ -159,6 +193,37 @@ PUBLIC = {  # by a part of public_scripts.SCRIPTS' name: the labels, from readin
                                # two processes claim rank 0: the group never forms (a hang, cut at 60 s)
                                "nodes_codes": ["rank-from-local-rank"], "nodes_status": 2,
                                "nodes_doctor": ["--timeout", "60"]},
+    # Hogwild under torchrun: no process ever calls init_process_group; its own Process children (known: a hang)
+    "torch-multip main.py (torch.multiprocessing.Process": {"codes": ["not-distributed"], "compare": "none",
+                                                            "doctor": ["--timeout", "90"]},
+    # LOCAL_RANK as the rank (2 nodes: two claim rank 0, a hang); per-rank seeds and dropout: the one process differs
+    "torch-multip main.py --multinode": {"codes": [], "compare": "differ", "doctor": ["--timeout", "90"],
+                                         "nodes_codes": ["rank-from-local-rank"], "nodes_status": 2,
+                                         "nodes_doctor": ["--timeout", "60"]},
+    # its own padded sampler in a BatchSampler (disjoint shares, set_epoch by iteration); it resumes from
+    # OUTPUT_DIR's last checkpoint (CheckPointer.load), so the one process starts from the ranks' result
+    "lufficc/SSD train.py": {"codes": ["no-destroy"], "compare": "none"},
+    # one Trainer seed on every rank, GPT-2's dropout (as stanford_alpaca); workers tokenize
+    "MetaMath train_math.py": {"codes": ["same-random-state"], "compare": "differ"},
+    # windows drawn at random per rank by design (indices 0/1 only, alike on every rank): not same-samples; the
+    # group is Accelerate's, its teardown the library's (the house's rule, as for cv_example.py): no no-destroy
+    "mini_llm train_accelerate.py": {"codes": [], "compare": "differ"},
+    # FSDP2, rank 1's logit_scale shard empty; synthetic data alike, per-rank seeds unused (no dropout). Alone, its
+    # loader draws other indices (no distributed sampler): the doctor compares only what it can check, so no
+    # comparison (first labeled same by what the samples hold; the parameters are now put together from the shards)
+    "open_clip_train/main.py --fsdp": {"codes": ["no-destroy"], "compare": "none"},
+    # each rank's own half of the validation set, never reduced (a loss reduce follows); no set_epoch
+    "haofanwang/pytorch-distributed-training main.py": {"codes": ["no-set-epoch", "unreduced-evaluation",
+                                                                  "no-destroy"], "compare": "same"},
+    # torchmetrics sums the padded shards' counts (63 on 2 ranks); no set_epoch; BatchNorm
+    "zjykzj/pytorch-distributed multi_gpu/main.py": {"codes": ["no-set-epoch", "padded-evaluation", "no-destroy"],
+                                                     "compare": "differ"},
+    # torch.save on every rank at epoch 0; no set_epoch; BatchNorm
+    "BigChungusDaddy/DistributedPyTorch": {"codes": ["save-on-every-rank", "no-set-epoch", "no-destroy"],
+                                           "compare": "differ"},
+    # set_device(RANK % device_count()): the local GPU under torchrun's numbering on nodes alike (read first as
+    # device-from-global-rank: that reading was wrong); BatchNorm and random crops
+    "chaochen1998/Pytorch-distributed-training-demo": {"codes": ["no-destroy"], "compare": "differ"},
 }
 
 
@@ -190,9 +255,15 @@ def title_of(case) -> str:
     return " ".join(words)
 
 
-def run_doctor(python, script, cwd, case, tmp):
+def slug(title: str) -> str:
+    """A case's folder name in the recorded corpus."""
+    return re.sub(r"[^A-Za-z0-9.=-]+", "_", title.replace("tests/scripts/doctor/", "")).strip("_")[:100]
+
+
+def run_doctor(python, script, cwd, case, tmp, record=None):
     fill = lambda text: str(text).replace("{tmp}", tmp)  # noqa: E731
     command = [python, "-m", "lessons", "doctor", script, "-n", str(case.get("nproc", 2))]
+    command += ["--record", str(record)] if record else []
     command += ["--nodes", str(case["nodes"])] if case.get("nodes") else []
     command += ["--compare"] if case.get("compare") else []
     command += [fill(a) for a in case.get("doctor", [])]
@@ -216,6 +287,8 @@ def judge(case, done):
         problems.append(f"does not say {case['error']!r}")
     if case.get("expect_line") and case["expect_line"] not in done.stdout:
         problems.append(f"no line names {case['expect_line']!r}")
+    if case.get("absent_line") and case["absent_line"] in done.stdout:
+        problems.append(f"a line says {case['absent_line']!r}")
     right = None
     if case.get("compare"):
         verdict = verdict_of(done.stdout)
@@ -232,6 +305,9 @@ def main() -> int:
     parser.add_argument("--python", type=Path, default=ROOT / ".venv" / "bin" / "python",
                         help="the Python that runs the doctor and the public scripts (default: the course's)")
     parser.add_argument("--show", action="store_true", help="print each run's output")
+    parser.add_argument("--record-to", type=Path, metavar="DIR",
+                        help="keep each case's recorded run and labels in DIR/<case> (tests/doctor_corpus: the"
+                             " replay that tests/test_doctor_corpus.py decides again in seconds)")
     options = parser.parse_args()
     runs = [(case, None) for case in CASES]
     if options.sources:
@@ -244,24 +320,36 @@ def main() -> int:
                                   "status": label.get("nodes_status"), "doctor": label.get("nodes_doctor", [])},
                                  script))
     totals = {"tp": 0, "fp": 0, "fn": 0, "right": 0, "wrong": 0, "seconds": 0.0, "cases": 0, "failed": 0}
+    recorded = set()
     print("| case | found | missed | false alarms | --compare | exit | s | right |")
     print("|---|---|---|---|---|---|---|---|")
     for case, public in runs:
         title = title_of(case)
         if options.only and options.only not in title:
             continue
+        record = None
+        if options.record_to:
+            record = (options.record_to / slug(title)).resolve()  # the public scripts run in a folder of their own
+            if record.name in recorded:  # two titles alike in their first 100 characters: never one over the other
+                record = record.with_name(f"{record.name}_{len(recorded)}")
+            recorded.add(record.name)
+            shutil.rmtree(record, ignore_errors=True)
         with tempfile.TemporaryDirectory(prefix="doctor_corpus_") as tmp:
             if public is None:
-                done, seconds = run_doctor(options.python, case["script"], ROOT, case, tmp)
+                done, seconds = run_doctor(options.python, case["script"], ROOT, case, tmp, record)
             else:
                 with public_scripts.prepared_copy(public, options.sources, options.python) as (here, name, why):
                     if why:
                         print(f"| {title} | {why} | | | | | | - |")
                         continue
                     case = {**case, "args": public["args"]}
-                    done, seconds = run_doctor(options.python, name, here, case, tmp)
+                    done, seconds = run_doctor(options.python, name, here, case, tmp, record)
         if options.show:
             print(done.stdout + done.stderr[-3000:])
+        if record is not None and (record / "launch.json").exists():  # the labels beside the run, for the replay
+            (record / "case.json").write_text(json.dumps({
+                "title": title, "codes": sorted(case["codes"]), "status": case.get("status"),
+                "compare": case.get("compare"), "error": case.get("error")}, indent=1) + "\n")
         hits, alarms, misses, right, problems = judge(case, done)
         ok = not alarms and not misses and not problems
         totals.update(tp=totals["tp"] + len(hits), fp=totals["fp"] + len(alarms), fn=totals["fn"] + len(misses),
