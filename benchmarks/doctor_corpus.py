@@ -16,7 +16,7 @@ A benchmark, not a test: the results go to benchmarks/LOG.md, with the commit. E
 it, and a change that loses a case that passed is not done. --record-to keeps each case's recorded run (the ranks'
 events and parameters, launch.json) with its labels (case.json) in a folder of its own: tests/test_doctor_corpus.py
 decides every rule again from tests/doctor_corpus/ in seconds, inside make test, so a change to a rule is checked
-against every case without a launch. Re-record (the command above with --record-to tests/doctor_corpus, and
+against every case without a launch (each larger parameter keeps KEPT_ELEMENTS of its elements there: compacted()). Re-record (the command above with --record-to tests/doctor_corpus, and
 --sources for the public scripts) when the instruments or the labels change.
 """
 import argparse
@@ -260,6 +260,29 @@ def slug(title: str) -> str:
     return re.sub(r"[^A-Za-z0-9.=-]+", "_", title.replace("tests/scripts/doctor/", "")).strip("_")[:100]
 
 
+KEPT_ELEMENTS = 256  # of each larger parameter, in the recorded corpus: the same places on every rank
+
+
+def compacted(record: Path) -> None:
+    """A recorded run made small enough to commit: each parameter of more than KEPT_ELEMENTS elements keeps that
+    many, evenly spaced, at the same places on every rank (the rules compare the ranks' parameters: a model of one's
+    own shows anywhere); --compare's own tensors (start., first.) go, no rule reads them. A ResNet's 270 MB a case
+    becomes a few hundred KB."""
+    import torch
+
+    for path in sorted(record.glob("rank*.params.pt")):
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+        kept = {}
+        for name, tensor in tensors.items():
+            if name.startswith(("start.", "first.")):
+                continue
+            if tensor.numel() > KEPT_ELEMENTS:
+                places = torch.linspace(0, tensor.numel() - 1, KEPT_ELEMENTS).long()
+                tensor = tensor.reshape(-1)[places].clone()
+            kept[name] = tensor
+        torch.save(kept, path)
+
+
 def run_doctor(python, script, cwd, case, tmp, record=None):
     fill = lambda text: str(text).replace("{tmp}", tmp)  # noqa: E731
     command = [python, "-m", "lessons", "doctor", script, "-n", str(case.get("nproc", 2))]
@@ -347,6 +370,7 @@ def main() -> int:
         if options.show:
             print(done.stdout + done.stderr[-3000:])
         if record is not None and (record / "launch.json").exists():  # the labels beside the run, for the replay
+            compacted(record)
             (record / "case.json").write_text(json.dumps({
                 "title": title, "codes": sorted(case["codes"]), "status": case.get("status"),
                 "compare": case.get("compare"), "error": case.get("error")}, indent=1) + "\n")
