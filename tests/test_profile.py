@@ -289,14 +289,14 @@ def test_the_profile_instruments_are_inert_outside_a_rank(tmp_path):
 def test_the_ranks_keep_the_users_omp_num_threads(monkeypatch):
     """torchrun keeps an OMP_NUM_THREADS it is given (and sets 1 only when none is): so does the doctor, or it would
     profile another run than the user's (and never see oversubscribed threads)."""
-    import lessons.tools.doctor as doctor_module
+    import lessons.tools.doctor_launch as launch_module
 
     seen = []
 
     def fake_torchrun(script, env, **kwargs):
         seen.append(env.get("OMP_NUM_THREADS"))
         raise ValueError("stopped here")
-    monkeypatch.setattr(doctor_module, "torchrun", fake_torchrun)
+    monkeypatch.setattr(launch_module, "torchrun", fake_torchrun)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     doctor(ROOT / "ddp_scripts" / "ddp_minimal.py", profile=True)
     doctor(ROOT / "ddp_scripts" / "ddp_minimal.py")
