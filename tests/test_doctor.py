@@ -746,3 +746,19 @@ def test_compare_names_the_learning_rates_and_takes_a_file_of_its_own_for_its_ow
     assert _read_what_the_ranks_wrote(None, own, started) is None
     theirs = Record({0: [load]}, {}, {})
     assert "which the ranks' run had just written" in _read_what_the_ranks_wrote(None, theirs, started)
+
+
+@pytest.mark.parametrize("inside", [0, 1])
+def test_the_branch_is_named_whichever_rank_took_it(inside, tmp_path, monkeypatch):
+    """Rank INSIDE called all_reduce inside `if`; the other rank called barrier after it. Round 7 looked only at
+    rank 0's call, and said collectives-differ when the branch was rank 1's."""
+    from lessons.tools.doctor_group import _collectives_differ
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("if val_acc > best_acc:\n    dist.all_reduce(x)\n\ndist.barrier()\n")
+    calls = {"all_reduce": {"event": "collective", "op": "all_reduce", "shape": [[], "float32"], "site": "t.py:2",
+                            "steps": 0},
+             "barrier": {"event": "collective", "op": "barrier", "shape": None, "site": "t.py:4", "steps": 0}}
+    events = {rank: [calls["all_reduce" if rank == inside else "barrier"]] for rank in (0, 1)}
+    found = _collectives_differ(events, crashed=True)
+    assert [(f.code, f.site) for f in found] == [("collective-in-branch", "t.py:1")], found
+    assert f"rank {inside} entered `if val_acc > best_acc:` at :1" in found[0].message

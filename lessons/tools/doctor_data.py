@@ -303,7 +303,7 @@ def _gathered_what(e, per_sample: set) -> str:
     shape = e.get("shape")
     if not shape:
         return "gather-per-sample"
-    tensors = shape if isinstance(shape[0], list) and shape and isinstance(shape[0][0], list) else [shape]
+    tensors = shape if isinstance(shape[0], list) and isinstance(shape[0][0], list) else [shape]  # a list's
     firsts = {dims[0] for dims, _ in tensors if dims}
     if e["op"] == "all_gather_into_tensor":
         firsts |= {n // max(len(tensors), 1) for n in firsts}

@@ -193,9 +193,15 @@ def _branch(events, calls: dict[int, list], place: int) -> Finding | None:
     """collective-in-branch: rank A's call #PLACE is inside an `if` of the script, and rank B went past that
     point without it: it made another call there, outside that `if`, or made none and went on drawing batches (more
     than A had drawn when it called). The condition read a value that differs between ranks."""
-    (a, seq_a), (b, seq_b) = sorted(calls.items(), key=lambda item: len(item[1]) <= place)
-    if place >= len(seq_a):
-        return None
+    sides = sorted(calls.items(), key=lambda item: len(item[1]) <= place)  # a rank with a call there first
+    if place < len(sides[1][1]):  # both called something there: the branch may be either one's
+        return _branch_of(events, *sides, place) or _branch_of(events, *sides[::-1], place)
+    return _branch_of(events, *sides, place) if place < len(sides[0][1]) else None
+
+
+def _branch_of(events, side_a, side_b, place: int) -> Finding | None:
+    """collective-in-branch for rank A's call #PLACE, against rank B."""
+    (a, seq_a), (b, seq_b) = side_a, side_b
     mine = seq_a[place]
     if place < len(seq_b):
         went_on = f"called {seq_b[place]['op']} at {seq_b[place]['site']} instead"
@@ -218,10 +224,9 @@ def _branch(events, calls: dict[int, list], place: int) -> Finding | None:
         f"rank {a} entered {' and '.join(conditions)} and called {mine['op']} at {mine['site']} (its collective"
         f" #{place + 1}); rank {b} {went_on}: {'the condition' if one else 'one of the conditions'} read a value that"
         " differs between ranks (a rank's own metric, loss or rank), so one rank waits at a collective the others"
-        " never reach: a hang, or a crash when a later"
-        " collective meets it. Decide from a value every rank shares: all-reduce the metric (or decide on rank 0"
-        " and broadcast the decision), then take the branch together; or keep the collective out of the branch"
-        " (lessons 11 and 13b)"), if_site)
+        " never reach: a hang, or a crash when a later collective meets it. Decide from a value every rank shares:"
+        " all-reduce the metric (or decide on rank 0 and broadcast the decision), then take the branch together; or"
+        " keep the collective out of the branch (lessons 11 and 13b)"), if_site)
 
 
 def _enclosing_if(site: str, other: str | None) -> tuple[list, str] | None:
