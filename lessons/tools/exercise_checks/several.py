@@ -24,6 +24,10 @@ import common
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 STOP_OTHERS_AFTER_S = 0.1  # torchrun's --monitor-interval: how soon the other ranks go after one failed
+# The checks whose answers make an optimizer or a DDP model: the first of either imports torch._dynamo (about 1 CPU-s a
+# process). Imported once per rank, before the forks, it is not imported again in every answer's process; the other
+# checks would pay it for nothing.
+IMPORT_DYNAMO_FIRST = {"average_gradients", "convert_to_ddp", "no_sync", "resume"}
 
 
 def launch_store():
@@ -78,6 +82,8 @@ def wait_for(pid, index, store, timeout):
 def main():
     name, workdir, timeout, paths = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
     harness = importlib.import_module(name)
+    if name in IMPORT_DYNAMO_FIRST:
+        importlib.import_module("torch._dynamo")
     store = launch_store()
     print(common.START_LINE, flush=True)
     for index, path in enumerate(paths):
