@@ -3,7 +3,8 @@
 Every solution passes; every starter fails; for each exercise a typical wrong answer (tests/exercise_mistakes/)
 fails with the hint that names its mistake; a file that defines nothing, one that hangs and bad usage each get
 one clear line. The notebooks' check cells are nbval-skip: these tests are where the checks run.
-One launch checks every answer to an exercise (`checked`); `launch_env` fails a test that leaves a process behind.
+One launch per number of ranks checks every answer to every exercise (`checked`); `launch_env` fails a test that
+leaves a process behind.
 """
 import importlib
 import shutil
@@ -142,17 +143,18 @@ _VERDICTS = {}  # exercise -> {answer's path: CheckResult}, for the whole module
 
 @pytest.fixture
 def checked(launch_env, tmp_path_factory):
-    """checked(name, path): the verdict on one answer. The first test of an exercise checks all its answers that
-    this file checks (the solution, the starter but find_the_hang's, which hangs, and the typical mistakes) in ONE
-    launch (lessons.check.check_several: each answer's check in processes forked from the same ranks, judged as
-    its own launch would be); the others read its verdicts. A launch's start is most of its cost."""
+    """checked(name, path): the verdict on one answer. The first test that asks checks every answer this file
+    checks, of every exercise (the solution, the starter but find_the_hang's, which hangs, and the typical mistakes),
+    in one launch per number of ranks (lessons.check.check_exercises: each answer's check in processes forked from the
+    same ranks, judged as its own launch would be); the others read its verdicts. A launch's start is most of its
+    cost."""
     def verdict_on(name, path):
-        if name not in _VERDICTS:
+        if not _VERDICTS:
             folder = tmp_path_factory.getbasetemp() / "answers"
-            paths = [solution(name), *([] if name == "find_the_hang" else [check_module.default_path(name)]),
-                     *(mistake_path(n, m, folder) for n, m, _ in MISTAKE_HINTS if n == name)]
-            results = check_module.check_several(name, paths, env=launch_env)
-            _VERDICTS[name] = {str(p): r for p, r in zip(paths, results)}
+            answers = {n: [solution(n), *([] if n == "find_the_hang" else [check_module.default_path(n)]),
+                           *(mistake_path(e, m, folder) for e, m, _ in MISTAKE_HINTS if e == n)] for n in NAMES}
+            results = check_module.check_exercises(answers, env=launch_env)
+            _VERDICTS.update({n: {str(p): r for p, r in zip(answers[n], results[n])} for n in NAMES})
         return _VERDICTS[name][str(path)]
     return verdict_on
 

@@ -207,23 +207,35 @@ def _run(name: str, path: Path, env, timeout) -> list[str]:
 
 def check_several(name: str, paths: list, *, env: dict[str, str] | None = None,
                   timeout: float | None = None) -> list[CheckResult]:
-    """check() on several answers to NAME, the launches shared: one launch runs each answer's check in turn, each
-    in a process forked from every rank (exercise_checks/several.py), and each verdict is made from that answer's
-    output as check() makes it from a launch's. For the tests, which check many wrong answers; a hang is named,
-    without the ranks' stacks. Nothing is printed."""
-    exercise, timeout = EXERCISES[name], timeout or EXERCISES[name].timeout
-    paths = [Path(p) for p in paths]
-    verdicts = {i: [f"FAIL {name}: {problem}"] for i, p in enumerate(paths) if (problem := _before_launch(name, p))}
-    launched = [i for i in range(len(paths)) if i not in verdicts]
-    if launched:
+    """check() on several answers to NAME, the launches shared: check_exercises({NAME: paths})."""
+    return check_exercises({name: paths}, env=env, timeout=timeout)[name]
+
+
+def check_exercises(answers: dict, *, env: dict[str, str] | None = None,
+                    timeout: float | None = None) -> dict[str, list[CheckResult]]:
+    """check() on every answer of ``answers`` ({exercise: [path, ...]}), the launches shared: the exercises whose
+    checks launch as many ranks share ONE launch, which runs each answer's check in turn, each in a process forked
+    from every rank (exercise_checks/several.py), and each verdict is made from that answer's output as check()
+    makes it from a launch's. For the tests, which check many wrong answers; a hang is named, without the ranks'
+    stacks. Nothing is printed."""
+    answers = {name: [Path(p) for p in paths] for name, paths in answers.items()}
+    verdicts, launches = {}, {}  # launches: nproc -> [(name, index, path, timeout)]
+    for name, paths in answers.items():
+        for i, path in enumerate(paths):
+            if problem := _before_launch(name, path):
+                verdicts[name, i] = [f"FAIL {name}: {problem}"]
+            else:
+                launches.setdefault(EXERCISES[name].nproc, []).append(
+                    (name, i, path.resolve(), timeout or EXERCISES[name].timeout))
+    for nproc, launched in launches.items():
         with tempfile.TemporaryDirectory(prefix="ddp_lessons_check_") as workdir:
-            torchrun(CHECKS_DIR / "several.py", nproc=exercise.nproc, show=False, env=env, live=False,
-                     args=[name, workdir, timeout, *(paths[i].resolve() for i in launched)],
-                     timeout=len(launched) * (timeout + 30), timeout_from=START_LINE)
-            for index, i in enumerate(launched):
-                verdicts[i] = _verdict_of_answer(name, paths[i].resolve(), Path(workdir) / f"answer_{index}",
-                                                 exercise.nproc, timeout)
-    return [CheckResult(name, verdicts[i][0].startswith("PASS"), verdicts[i]) for i in range(len(paths))]
+            torchrun(CHECKS_DIR / "several.py", nproc=nproc, show=False, env=env, live=False,
+                     args=[workdir, *(arg for name, _, path, seconds in launched for arg in (name, seconds, path))],
+                     timeout=sum(seconds + 30 for *_, seconds in launched), timeout_from=START_LINE)
+            for index, (name, i, path, seconds) in enumerate(launched):
+                verdicts[name, i] = _verdict_of_answer(name, path, Path(workdir) / f"answer_{index}", nproc, seconds)
+    return {name: [CheckResult(name, verdicts[name, i][0].startswith("PASS"), verdicts[name, i])
+                   for i in range(len(paths))] for name, paths in answers.items()}
 
 
 def _answer_ended(message, rank, root_cause, outputs) -> LaunchError:

@@ -1,13 +1,17 @@
-"""Several answers to one exercise in ONE launch: ``several.py NAME WORKDIR PATH...`` (lessons.check.check_several).
+"""Several answers, to one exercise or to several that launch as many ranks, in ONE launch:
+``several.py WORKDIR NAME TIMEOUT PATH [NAME TIMEOUT PATH ...]`` (lessons.check.check_exercises).
 
 A launch's cost is its start (torch imported by torchrun's agent and by every rank), not the check. So each rank
-imports torch and the exercise's check once, then, for each answer in turn, forks a process that runs the check's
-``main()`` on that answer exactly as a launch of its own would (same ranks, same worlds, its own keys in the
-launch's store, its output in WORKDIR/answer_I/rank_R.txt). What torchrun does for one launch, each rank's parent
-does for its answer: when a rank's check ends with a failure, the others are stopped 0.1 s later (torchrun's
-monitor interval); a check still running after the timeout is stopped as a hang. The next answer starts once every
-rank's previous one is over. Used by the tests, which check many wrong answers; a learner's check is one launch.
+imports torch and the torch modules the checks import once, then, for each answer in turn, forks a process that
+imports the answer's check and runs its ``main()`` on that answer exactly as a launch of its own would (same ranks,
+same worlds, its own keys in the launch's store, its output in WORKDIR/answer_I/rank_R.txt; a check that replaces
+torch.save or a collective when imported does so in that process alone). What torchrun does for one launch, each
+rank's parent does for its answer: when a rank's check ends with a failure, the others are stopped 0.1 s later
+(torchrun's monitor interval); a check still running after its timeout is stopped as a hang. The next answer starts
+once every rank's previous one is over. Used by the tests, which check many wrong answers; a learner's check is one
+launch.
 """
+import ast
 import datetime
 import importlib
 import json
@@ -24,9 +28,9 @@ import common
 
 RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 STOP_OTHERS_AFTER_S = 0.1  # torchrun's --monitor-interval: how soon the other ranks go after one failed
-# The checks whose answers make an optimizer or a DDP model: the first of either imports torch._dynamo (about 1 CPU-s a
-# process). Imported once per rank, before the forks, it is not imported again in every answer's process; the other
-# checks would pay it for nothing.
+# The checks whose answers make an optimizer or a DDP model: the first of either imports torch._dynamo (about 1 CPU-s
+# a process). Imported once per rank, before the forks, it is not imported again in every answer's process; the
+# other checks would pay it for nothing.
 IMPORT_DYNAMO_FIRST = {"average_gradients", "convert_to_ddp", "no_sync", "resume"}
 
 
@@ -36,15 +40,27 @@ def launch_store():
                          timeout=datetime.timedelta(seconds=120))
 
 
-def run_answer(harness, index, path, out):
+def torch_modules_of(name):
+    """The torch modules check NAME imports at its top (read from its source, not imported: importing a check may
+    replace torch.save or a collective)."""
+    tree = ast.parse((Path(__file__).parent / f"{name}.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names if alias.name.split(".")[0] == "torch")
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module.split(".")[0] == "torch":
+            yield node.module
+
+
+def run_answer(name, index, path, out):
     """In the forked process: the check's main() on one answer, printing to this rank's file."""
     fd = os.open(out / f"rank_{RANK}.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     common.LEARNER, common.WORKDIR = Path(path), out
     common._answer_store = dist.PrefixStore(f"several_answer_{index}", launch_store())
-    sys.argv = [harness.__file__, str(path), str(out)]
     try:
+        harness = importlib.import_module(name)
+        sys.argv = [harness.__file__, str(path), str(out)]
         harness.main()
     except SystemExit as end:
         sys.stdout.flush()
@@ -80,20 +96,23 @@ def wait_for(pid, index, store, timeout):
 
 
 def main():
-    name, workdir, timeout, paths = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
-    harness = importlib.import_module(name)
-    if name in IMPORT_DYNAMO_FIRST:
+    workdir, rest = Path(sys.argv[1]), sys.argv[2:]
+    answers = [(rest[i], float(rest[i + 1]), rest[i + 2]) for i in range(0, len(rest), 3)]
+    names = dict.fromkeys(name for name, _, _ in answers)
+    for module in [m for name in names for m in torch_modules_of(name)]:
+        importlib.import_module(module)
+    if IMPORT_DYNAMO_FIRST & set(names):
         importlib.import_module("torch._dynamo")
     store = launch_store()
     print(common.START_LINE, flush=True)
-    for index, path in enumerate(paths):
+    for index, (name, timeout, path) in enumerate(answers):
         out = workdir / f"answer_{index}"
         out.mkdir(parents=True, exist_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            run_answer(harness, index, path, out)
+            run_answer(name, index, path, out)
         started = time.time()
         code, timed_out = wait_for(pid, index, store, timeout)
         if code not in (0, None):
@@ -103,7 +122,7 @@ def main():
         store.set(f"several/{index}/done/{RANK}", "yes")
         store.wait([f"several/{index}/done/{r}" for r in range(WORLD)])
     if RANK == 0:
-        print("RESULT " + json.dumps({"answers": len(paths)}), flush=True)
+        print("RESULT " + json.dumps({"answers": len(answers)}), flush=True)
     sys.stdout.flush()
     os._exit(0)
 
