@@ -108,10 +108,15 @@ def open_notebook(page, url: str, token: str, notebook: str) -> None:
 
 
 def open_lab(page, url: str, token: str, workspace: str = "look") -> None:
-    """Load JupyterLab once, with no notebook open (a workspace of its own, reset)."""
+    """Load JupyterLab once, with no notebook open (a workspace of its own, reset), to look at notebooks: those it
+    opens start no kernel. A look runs nothing, and a kernel for each notebook looked at cost about 12 CPU-s of the
+    browser test; a page that runs cells (open_with_kernel) is a lab of its own, where kernels start as usual."""
     page.goto(f"{url}/lab/workspaces/{workspace}?reset&token={token}")
     page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-    page.evaluate("async () => { await window.jupyterapp.restored; }")
+    # The notebook factory's preferKernel (true) is what starts a kernel on open; this lab's answer is false.
+    page.evaluate("async () => { await window.jupyterapp.restored;"
+                  " Object.defineProperty(window.jupyterapp.docRegistry.getWidgetFactory('Notebook'),"
+                  " 'preferKernel', {value: false}); }")
 
 
 def open_in_lab(page, notebook: str) -> None:
@@ -122,6 +127,8 @@ def open_in_lab(page, notebook: str) -> None:
     # then asks to save (seen when the machine is busy). Wait for it, as a learner would before closing.
     page.evaluate("async () => { const panel = window.jupyterapp.shell.currentWidget;"
                   " await panel.context.ready; await panel.sessionContext.ready; }")
+    kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.name ?? null")
+    assert kernel is None, f"{notebook} started a kernel ({kernel}) in a lab that only looks (open_lab)"
 
 
 def close_all(page) -> None:
