@@ -99,40 +99,50 @@ def run_command(page, menu: str, command: str):
     page.click(f".lm-Menu-item[data-command='{command}']")
 
 
-def open_notebook(page, url: str, token: str, notebook: str) -> None:
-    """Open a notebook as a learner does, with its committed outputs."""
-    # A workspace of its own, reset: only this notebook open, nothing restored from an earlier page.
-    workspace = re.sub(r"\W", "-", Path(notebook).stem)
-    page.goto(f"{url}/lab/workspaces/{workspace}/tree/{notebook}?reset&token={token}")
-    page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
-
-
-def open_lab(page, url: str, token: str, workspace: str = "look") -> None:
-    """Load JupyterLab once, with no notebook open (a workspace of its own, reset), to look at notebooks: those it
-    opens start no kernel. A look runs nothing, and a kernel for each notebook looked at cost about 12 CPU-s of the
-    browser test; a page that runs cells (open_with_kernel) is a lab of its own, where kernels start as usual."""
+def open_lab(page, url: str, token: str, workspace: str = "lab") -> None:
+    """Load JupyterLab once, with no notebook open (a workspace of its own, reset); the notebooks are then opened in
+    it one at a time (open_in_lab). Loading the lab costs a page about 2.7 CPU-s, a notebook opened in it far less."""
     page.goto(f"{url}/lab/workspaces/{workspace}?reset&token={token}")
     page.wait_for_function("() => window.jupyterapp !== undefined", timeout=60_000)
-    # The notebook factory's preferKernel (true) is what starts a kernel on open; this lab's answer is false.
-    page.evaluate("async () => { await window.jupyterapp.restored;"
-                  " Object.defineProperty(window.jupyterapp.docRegistry.getWidgetFactory('Notebook'),"
-                  " 'preferKernel', {value: false}); }")
+    page.evaluate("async () => { await window.jupyterapp.restored; }")
 
 
-def open_in_lab(page, notebook: str) -> None:
-    """Open a notebook in the loaded lab, as a double-click in the file browser does (docmanager:open)."""
-    page.evaluate("async path => { await window.jupyterapp.commands.execute('docmanager:open', {path}); }", notebook)
+def open_in_lab(page, notebook: str, kernel: bool = False) -> None:
+    """Open a notebook in the loaded lab, as a double-click in the file browser does (docmanager:open), with its
+    committed outputs; with its kernel started, or none. A notebook only looked at runs nothing: a kernel for each
+    one looked at cost about 12 CPU-s of this test."""
+    # JupyterLab starts a kernel on open when the notebook factory's preferKernel (true) says so: set per open.
+    page.evaluate("""async ([path, kernel]) => {
+        const factory = window.jupyterapp.docRegistry.getWidgetFactory('Notebook');
+        Object.defineProperty(factory, 'preferKernel', {value: kernel, configurable: true});
+        await window.jupyterapp.commands.execute('docmanager:open', {path});
+    }""", [notebook, kernel])
     page.wait_for_selector(f"{PANEL} .jp-CodeCell", timeout=60_000)
     # Until its kernel session is up, JupyterLab marks the first notebook of a page dirty for a moment: closing
     # then asks to save (seen when the machine is busy). Wait for it, as a learner would before closing.
     page.evaluate("async () => { const panel = window.jupyterapp.shell.currentWidget;"
                   " await panel.context.ready; await panel.sessionContext.ready; }")
-    kernel = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.name ?? null")
-    assert kernel is None, f"{notebook} started a kernel ({kernel}) in a lab that only looks (open_lab)"
+    if kernel:
+        # The toolbar's kernel indicator says "idle" for a moment before any kernel exists (measured: 0.25 s
+        # on a quiet machine), and running cells in that moment runs nothing. Wait for the kernel itself.
+        page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)
+    else:
+        started = page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.name"
+                                " ?? null")
+        assert started is None, f"{notebook} started a kernel ({started}) where none was asked for"
 
 
-def close_all(page) -> None:
-    """Close every open tab; a notebook that asks to be saved would stop this (a check in itself: none should)."""
+def close_all(page, discard: bool = False) -> None:
+    """Close every open tab; a notebook that asks to be saved would stop this (a check in itself: none should).
+    discard: the notebooks ran, so they changed; close them unsaved (nothing is written back) and stop their kernels."""
+    if discard:
+        page.evaluate("""async () => {
+            for (const panel of window.jupyterapp.shell.widgets('main')) {
+                if (!panel.sessionContext) continue;
+                panel.context.model.dirty = false;
+                await panel.sessionContext.shutdown();
+            }
+        }""")
     page.evaluate("async () => { await window.jupyterapp.commands.execute('application:close-all'); }")
     try:
         page.wait_for_function("() => !document.querySelector('.jp-NotebookPanel')", timeout=10_000)
@@ -141,24 +151,17 @@ def close_all(page) -> None:
         raise AssertionError(f"the tabs did not close; dialog: {dialog}") from None
 
 
-def open_with_kernel(page, url: str, token: str, notebook: str) -> None:
-    """Open a notebook as a learner does, and wait until its kernel is up."""
-    open_notebook(page, url, token, notebook)
-    # The toolbar's kernel indicator says "idle" for a moment before any kernel exists (measured: 0.25 s
-    # on a quiet machine), and running cells in that moment runs nothing. Wait for the kernel itself.
-    page.wait_for_function(KERNEL_READY, timeout=120_000, polling=200)
-
-
-def start_run_all(page, url: str, token: str, notebook: str) -> None:
-    """Open a notebook as a learner does, clear its outputs, and press Run All (without waiting for the end)."""
-    open_with_kernel(page, url, token, notebook)
+def start_run_all(page, notebook: str) -> None:
+    """Open a notebook with its kernel in the loaded lab, clear its outputs, and press Run All (without waiting for
+    the end)."""
+    open_in_lab(page, notebook, kernel=True)
     run_command(page, "Edit", "editmenu:clear-all")
     page.wait_for_function(f"document.querySelectorAll('{PANEL} .jp-OutputArea-output').length === 0")
     run_command(page, "Run", "runmenu:run-all")
 
 
-def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 900) -> None:
-    start_run_all(page, url, token, notebook)
+def run_notebook(page, notebook: str, timeout_s: float = 900) -> None:
+    start_run_all(page, notebook)
     # Done when every code cell shows an execution count, [n], and the kernel is idle again.
     done = """() => {
         const prompts = [...document.querySelectorAll('PANEL .jp-CodeCell .jp-InputPrompt')];
@@ -173,10 +176,10 @@ def run_notebook(page, url: str, token: str, notebook: str, timeout_s: float = 9
                              f"kernel {kernel}") from timeout
 
 
-def run_cells(page, url: str, token: str, notebook: str, cells: list[int], timeout_s: float = 300) -> None:
-    """Open a notebook as a learner does and run these cells (indexes among all its cells) in a fresh kernel, one
-    after another, as Ctrl+Enter on each would; every other cell keeps its committed output."""
-    open_with_kernel(page, url, token, notebook)
+def run_cells(page, notebook: str, cells: list[int], timeout_s: float = 300) -> None:
+    """Open a notebook with its kernel in the loaded lab and run these cells (indexes among all its cells) in that
+    fresh kernel, one after another, as Ctrl+Enter on each would; every other cell keeps its committed output."""
+    open_in_lab(page, notebook, kernel=True)
     page.evaluate("""cells => { (async () => {
         const panel = window.jupyterapp.shell.currentWidget;
         for (const i of cells) {

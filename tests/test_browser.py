@@ -74,7 +74,8 @@ def course_lab(course_copy):
 
 @pytest.fixture(scope="module")
 def lab_page(browser, course_lab):
-    """One JupyterLab page for the notebooks that are only looked at: the lab loads once, not once per notebook."""
+    """One JupyterLab page for every notebook, each opened in turn and closed: the lab loads once (about 2.7 CPU-s
+    a load), not once per notebook."""
     url, token = course_lab
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     open_lab(page, url, token)
@@ -103,13 +104,12 @@ def widget_cells(notebook: str) -> list[int]:
 
 
 @pytest.mark.parametrize("notebook", sorted(RUN_IN_BROWSER))
-def test_widgets_run_in_jupyterlab_and_respond(notebook, browser, course_lab):
-    url, token = course_lab
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+def test_widgets_run_in_jupyterlab_and_respond(notebook, lab_page):
+    page = lab_page
     try:
         cells = widget_cells(notebook)
         assert len(cells) > 1, "no cell with a widget"
-        run_cells(page, url, token, f"notebooks/{notebook}", cells)
+        run_cells(page, f"notebooks/{notebook}", cells)
         figures = committed_outputs(notebook, "image/png")  # the committed ones, in the cells that did not run
         page.wait_for_function(f"[...document.querySelectorAll('{PANEL} .jp-RenderedImage img')]"
                                f".filter(i => i.complete).length >= {figures}", timeout=30_000)
@@ -120,7 +120,7 @@ def test_widgets_run_in_jupyterlab_and_respond(notebook, browser, course_lab):
         assert responds(page, control, watched), f"{watched} did not change when its slider moved"
     finally:
         screenshot(page, notebook)
-        page.close()
+        close_all(page, discard=True)
 
 
 def screenshot(page, notebook):
@@ -132,7 +132,7 @@ def cell(source):
     return {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None, "source": source}
 
 
-def test_a_broken_widget_fails_these_checks(browser, course_lab, course_copy):
+def test_a_broken_widget_fails_these_checks(lab_page, course_copy):
     """The checks can fail: a widget that is not wired up, one shown as text, and an error."""
     broken = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}, "cells": [
         cell("import ipywidgets as w\nw.VBox([w.IntSlider(), w.HTML(\"<div class='ring-step'>step 0</div>\")])"),
@@ -140,36 +140,34 @@ def test_a_broken_widget_fails_these_checks(browser, course_lab, course_copy):
         cell("1 / 0"),
     ]}
     (course_copy / "notebooks" / "broken.ipynb").write_text(json.dumps(broken))
-    url, token = course_lab
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = lab_page
     try:
-        run_notebook(page, url, token, "notebooks/broken.ipynb", timeout_s=120)
+        run_notebook(page, "notebooks/broken.ipynb", timeout_s=120)
         assert not responds(page, 0, ".ring-step", timeout_ms=3_000)  # the real ones change within 10 s
         problems = problems_on_page(page)
         assert any(p.startswith("widget shown as text, not rendered: IntSlider(") for p in problems), problems
         assert any(p.startswith("error output:") and "ZeroDivisionError" in p for p in problems), problems
     finally:
         screenshot(page, "broken_control")
-        page.close()
+        close_all(page, discard=True)
 
 
-def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, course_copy):
+def test_a_launch_shows_the_ranks_lines_while_it_runs(lab_page, course_copy):
     """Lesson 11's live output, as a learner sees it: each rank's first line appears while the cell still runs
     (prompt [*]); when the launch ends, the cell holds the usual rank-by-rank output, each line once."""
-    url, token = course_lab
     shutil.copy(FIXTURES / "print_then_wait.py", course_copy / "print_then_wait.py")  # a line, then works until:
     seen_both = course_copy / "seen_both_lines"  # this file exists
     cell = nbformat.v4.new_code_cell('import lessons\nrun = lessons.torchrun("../print_then_wait.py", nproc=2, '
                                      f'timeout=60, args=[{str(seen_both)!r}])')
     kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nbformat.write(nbformat.v4.new_notebook(cells=[cell], metadata=kernel), course_copy / "notebooks" / "live_output.ipynb")
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page = lab_page
     cell_state = """() => {
         const cell = document.querySelector('PANEL .jp-CodeCell');
         return [cell.querySelector('.jp-InputPrompt').innerText, cell.querySelector('.jp-OutputArea').innerText];
     }""".replace("PANEL", PANEL)
     try:
-        start_run_all(page, url, token, "notebooks/live_output.ipynb")
+        start_run_all(page, "notebooks/live_output.ipynb")
         deadline, seen = time.monotonic() + 60, None
         while time.monotonic() < deadline:
             prompt, text = page.evaluate(cell_state)
@@ -186,4 +184,4 @@ def test_a_launch_shows_the_ranks_lines_while_it_runs(browser, course_lab, cours
         assert problems_on_page(page) == []
     finally:
         screenshot(page, "live_output.ipynb")
-        page.close()
+        close_all(page, discard=True)
