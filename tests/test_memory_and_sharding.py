@@ -88,5 +88,5 @@ def test_ddp_common_frees_a_group_that_a_device_mesh_still_holds_at_exit(launch_
     """The dcp_reshard.py SIGABRT ("terminate called without an active exception", 2 in 11 full runs): after
     FSDP2, DTensor's caches keep the DeviceMesh, and the mesh the group, past destroy_process_group() and gc.
     ddp_common's exit hook must free it while the interpreter is whole."""
-    run = lessons.torchrun(FIXTURES / "mesh_holds_group.py", nproc=1, env=launch_env, show=False)
+    run = lessons.run_python(FIXTURES / "mesh_holds_group.py", env=launch_env, show=False)  # one process
     assert run.result == {"alive_after_collect": True, "alive_after_release": False}

@@ -1,4 +1,9 @@
-"""After FSDP2 and destroy_process_group(), does the group live on, and does ddp_common's exit hook free it?"""
+"""After FSDP2 and destroy_process_group(), does the group live on, and does ddp_common's exit hook free it?
+
+One process, a world of 1 on an in-process store: the group's lifetime is the question, not a launcher's.
+
+    python tests/scripts/mesh_holds_group.py
+"""
 import gc
 import json
 import sys
@@ -23,7 +28,7 @@ def shard_and_gather():
     return [v.full_tensor().sum().item() for v in model.state_dict().values()]
 
 
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # no torchrun for one process
 group = weakref.ref(dist.group.WORLD)
 shard_and_gather()
 dist.destroy_process_group()
