@@ -59,6 +59,8 @@ STARTER_HINTS = {
     "find_the_hang": "it hangs: no result within 4 s, while checking rank_conditional.py at 3 ranks",
     "tensor_parallel": "plan() raised on rank 0 with 2 ranks: NotImplementedError",
     "pipeline_schedule": "one_f_one_b() raised NotImplementedError: return the list of ('F', m) and ('B', m)",
+    "ring_attention": "merge() raised on rank 0 with 2 ranks: NotImplementedError: return (out, lse)",
+    "moe_dispatch": "dispatch() raised on rank 0 with 2 ranks: NotImplementedError",
 }
 
 
@@ -124,6 +126,19 @@ MISTAKE_HINTS = [
      "stage 1's F3, and each of those waits too. A stage must send the next stage every forward it needs before it "
      "waits for a gradient: stage 1 runs 4 forward(s) before its first backward, where 1F1B runs 2: a warm-up of "
      "min(microbatches, num_stages - 1 - stage) = 1"),
+    ("ring_attention", "ring_attention_merge_without_rescale.py", "merge() adds the two outputs without rescaling them"),
+    ("ring_attention", "ring_attention_diagonal_unmasked.py", "with 2 ranks, 3 tokens a rank, causal: rank 0's output "
+     "differs from one process's, and equals attention with the diagonal block unmasked"),
+    # not causal, the blocks' order does not matter, and with 2 ranks both neighbours are one: it shows at 3, causal
+    ("ring_attention", "ring_attention_wrong_direction.py", "with 3 ranks, 3 tokens a rank, causal: rank 1's output "
+     "differs from one process's, though not causal it was right: a block is taken for another rank's. Rank r sends "
+     "its block to rank r - 1, so at step s it holds rank (r + s) % N's block"),
+    ("moe_dispatch", "moe_dispatch_no_weights.py", "the experts' outputs were added without the router's weights"),
+    ("moe_dispatch", "moe_dispatch_send_splits.py", "rank 0 receives with output_split_sizes [7, 3], but the ranks "
+     "send it [7, 7] rows, with 2 ranks: a rank cannot know what it will receive from what it sends; exchange the "
+     "counts first"),
+    ("moe_dispatch", "moe_dispatch_dropped_still_sent.py", "expert 0 on rank 0 received 10 tokens from rank 0, and its "
+     "capacity is 7 (2 ranks): a token past its expert's capacity is dropped: not sent"),
 ]
 
 

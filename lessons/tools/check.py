@@ -94,6 +94,21 @@ EXERCISES = {  # exercises/README.md's table is made from these (python -m lesso
                    "order, memory, length against 1F1B's), then run on real ranks against one process at 2, 3, 4 "
                    "stages",
         before_launch="pipeline_orders.py"),  # the orders alone name most mistakes: a second, not a launch
+    "ring_attention": Exercise(
+        "15c_context_parallelism", 4, "merge(out_a, lse_a, out_b, lse_b) -> (out, lse), ring_attention(q, k, v, causal)",
+        ("merge", "ring_attention"),
+        defines="`merge(out_a, lse_a, out_b, lse_b) -> (out, lse)`: the log-sum-exp merge, and "
+                "`ring_attention(q, k, v, causal) -> out`: K/V blocks passed around the ring",
+        checked_at="merge of two and three blocks; 2, 3, 4 ranks, 3 and 5 tokens a rank, causal and not, against "
+                   "one process's attention"),
+    "moe_dispatch": Exercise(
+        "15d_expert_parallelism", 4, "dispatch(tokens, expert_of_token, num_experts, capacity), combine(...)",
+        ("dispatch", "combine"),
+        defines="`dispatch(tokens, expert_of_token, num_experts, capacity) -> (received, expert_of_received, "
+                "routing)` and `combine(expert_outputs, routing, tokens, weight_of_token) -> output`: tokens to "
+                "their experts' ranks and back with `all_to_all_single`",
+        checked_at="2, 3, 4 ranks; 1 and 2 experts a rank; full experts, a rank sending nothing to most: the split "
+                   "sizes agree, every kept token arrives once, none dropped, the output equals one process's"),
 }
 
 

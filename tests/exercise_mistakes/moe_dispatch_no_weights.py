@@ -1,0 +1,27 @@
+"""A typical wrong answer to exercises/moe_dispatch.py: combine adds the experts' outputs without the router's
+weights (the probabilities that make the router learn)."""
+import torch
+import torch.distributed as dist
+
+
+def dispatch(tokens, expert_of_token, num_experts, capacity):
+    world = dist.get_world_size()
+    place = torch.nn.functional.one_hot(expert_of_token, num_experts).cumsum(0).gather(1, expert_of_token[:, None]) - 1
+    kept = torch.nonzero(place.squeeze(1) < capacity).squeeze(1)
+    kept = kept[torch.argsort(expert_of_token[kept], stable=True)]
+    send_counts = torch.bincount(expert_of_token[kept] // (num_experts // world), minlength=world)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts)
+    send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
+    received = tokens.new_empty(sum(recv_splits), tokens.shape[1])
+    dist.all_to_all_single(received, tokens[kept], recv_splits, send_splits)
+    expert_of_received = expert_of_token.new_empty(sum(recv_splits))
+    dist.all_to_all_single(expert_of_received, expert_of_token[kept], recv_splits, send_splits)
+    return received, expert_of_received, (kept, send_splits, recv_splits)
+
+
+def combine(expert_outputs, routing, tokens, weight_of_token):
+    kept, send_splits, recv_splits = routing
+    returned = expert_outputs.new_empty(len(kept), expert_outputs.shape[1])
+    dist.all_to_all_single(returned, expert_outputs, send_splits, recv_splits)
+    return tokens.index_add(0, kept, returned)  # the mistake: weight_of_token[kept, None] * returned
