@@ -126,6 +126,16 @@ LESSONS = [
            'hand with send/recv and with `torch.distributed.pipelining`, each checked against one process; '
            'the bubble measured against (N-1)/(M+N-1), the activations each stage holds, what crosses between '
            'ranks (full track only)'),
+    Lesson('15c_context_parallelism',
+           'a sequence split across ranks by its tokens: ring attention (K/V blocks around the ring, overlapped, '
+           'merged by log-sum-exp) and Ulysses (all-to-all to head shards), each checked against one process; '
+           'the causal imbalance measured and evened by zig-zag; padding; score elements per rank as L grows; '
+           "torch's `context_parallel()` and its CPU error (full track only)"),
+    Lesson('15d_expert_parallelism',
+           "a mixture-of-experts layer's experts split across ranks: router, top-k, capacity and dropped tokens, "
+           'the load-balancing loss; tokens dispatched and combined by `all_to_all_single` with uneven splits, '
+           'checked against one process; beside data parallelism; a skewed router; grouped GEMMs; the map of the '
+           'five ways to split a model (full track only)'),
     Lesson('99_appendix_under_the_hood',
            'why the course writes scripts (pickling by reference, fork and the OpenMP pool); one all-reduce on 3'
            " ranks; `@record` and torchrun's error files; the teardown bug, its fix and the probe that checks it"),

@@ -24,6 +24,8 @@ GPU_CELLS = [
     ("11_debugging.ipynb", 21, 2),
     ("12b_zero_dcp_and_activations.ipynb", 17, 1),
     ("13_training_loop.ipynb", 11, 2),
+    ("15c_context_parallelism.ipynb", 17, 2),
+    ("15d_expert_parallelism.ipynb", 16, 1),
 ]
 
 
