@@ -3,12 +3,9 @@
     torchrun --standalone --nproc-per-node=2 context_parallel.py --mode ring --seq-len 64 --heads 4 [--causal]
                                                                  [--zigzag] [--cases ring+causal,ulysses+causal]
 
-ring: each rank keeps its queries; the K/V blocks travel around the ring (isend/irecv, started before a block's
-attention so that the transfer overlaps it) and the partial results are merged by their log-sum-exp.
-ulysses: an all-to-all trades sequence shards for head shards, each rank attends whole sequences, a second trades back.
-Checked on a small model (QKV projection, attention, output projection) against the same model in one process: the
-attention's output, the gradients of Q, K and V, and the weights after one SGD step. A length that does not divide is
-padded: padded keys are masked, padded queries dropped. --cases runs several cases in one launch.
+ring: the K/V blocks travel around the ring (isend/irecv), merged by their log-sum-exp. ulysses: an all-to-all
+trades sequence shards for head shards, and back. Checked against one process: the attention's output, dQ/dK/dV and
+one SGD step of a small model. A length that does not divide is padded: keys masked, queries dropped.
 """
 import argparse
 import copy
@@ -23,11 +20,11 @@ import ddp_common  # a clean exit, and the device
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=("ring", "ulysses"), default="ring")
 parser.add_argument("--seq-len", type=int, default=64, help="L, the tokens of the whole sequence")
-parser.add_argument("--heads", type=int, default=4, help="H; ulysses needs a multiple of the world size")
+parser.add_argument("--heads", type=int, default=4, help="H; ulysses: a multiple of the ranks")
 parser.add_argument("--head-dim", type=int, default=8)
-parser.add_argument("--causal", action="store_true", help="each token attends to itself and the tokens before it")
+parser.add_argument("--causal", action="store_true", help="a token sees itself and those before")
 parser.add_argument("--zigzag", action="store_true", help="ring: rank r holds chunks r and 2N-1-r of 2N")
-parser.add_argument("--cases", default="", help="instead of the three above: e.g. ring+causal+zigzag,ulysses")
+parser.add_argument("--cases", default="", help="several, e.g. ring+causal,ulysses")
 parser.add_argument("--seed", type=int, default=0)
 options = parser.parse_args()
 L, H, D, N = options.seq_len, options.heads, options.head_dim, int(os.environ["WORLD_SIZE"])
@@ -40,10 +37,9 @@ for name in cases:
     if mode == "ulysses" and H % N:
         parser.error(f"ulysses gives each of the {N} ranks H/N whole heads: --heads {H} is not a multiple of {N}")
     if mode == "ulysses" and "zigzag" in flags:
-        parser.error("--zigzag evens ring attention's causal work; ulysses attends whole sequences and needs none")
+        parser.error("--zigzag evens the ring's causal work; ulysses needs none")
     if L < N * (2 if "zigzag" in flags else 1):
-        parser.error(f"--seq-len {L} is shorter than the chunks ({N} ranks, 2 a rank with --zigzag): give every "
-                     "chunk a token")
+        parser.error(f"--seq-len {L} is shorter than the chunks ({N} ranks, 2 a rank with --zigzag)")
 
 backend, device = ddp_common.backend_and_device()  # a GPU for each rank, else gloo on the CPU
 dist.init_process_group(backend)
@@ -59,12 +55,12 @@ def sharding(zigzag):
 
 
 def block_pairs(step, size, owned, causal):
-    """What this rank computes at ring step `step`: (query slice, key slice, mask) for each pair of chunks."""
+    """This rank's work at ring step `step`: (query slice, key slice, mask), a pair of chunks each."""
     source = (rank - step) % N  # blocks travel to rank + 1: at step s this rank holds rank (r - s)'s K/V
     for i, query_chunk in enumerate(owned[rank]):
         for j, key_chunk in enumerate(owned[source]):
             if key_chunk * size >= L or (causal and key_chunk > query_chunk):
-                continue  # every key is padding, or in every query's future: skipped, no work
+                continue  # all padding, or all in the future
             keys = key_chunk * size + torch.arange(size, device=device)
             mask = (keys < L).expand(size, size)  # padded keys masked
             if causal and key_chunk == query_chunk:  # the diagonal block: masked inside
@@ -73,7 +69,7 @@ def block_pairs(step, size, owned, causal):
 
 
 def start_ring_pass(block, tag):
-    """Send the block to the next rank and receive the previous rank's: started now, waited on later."""
+    """Send the block to the next rank, receive the previous rank's: started now, waited on later."""
     received = torch.empty_like(block)
     works = dist.batch_isend_irecv([dist.P2POp(dist.isend, block, (rank + 1) % N, tag=tag),
                                     dist.P2POp(dist.irecv, received, (rank - 1) % N, tag=tag)])
@@ -86,7 +82,7 @@ def scores(q, k, mask):
 
 class RingAttention(torch.autograd.Function):
     """Forward: the online softmax over the blocks as they come. Backward: the same ring again; each block's
-    gradient travels with it and is home after the last step (a second message, tag 1, beside K/V's tag 0)."""
+    gradient travels with it (tag 1) and is home after the last step."""
 
     @staticmethod
     def forward(ctx, q, k, v, sizes, causal, work):
@@ -138,8 +134,7 @@ class RingAttention(torch.autograd.Function):
 
 
 class AllToAll(torch.autograd.Function):
-    """dist.all_to_all_single with a backward. torch's all_to_all_single_autograd (distributed._functional_collectives)
-    does the same, and imports the compiler on its first call: 1.5 s a rank."""
+    """all_to_all_single with a backward (torch's all_to_all_single_autograd imports the compiler: 1.5 s a rank)."""
 
     @staticmethod
     def forward(ctx, t):
@@ -149,7 +144,7 @@ class AllToAll(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):  # each gradient piece goes back where its piece came from: the same exchange
+    def backward(ctx, grad):  # each piece's gradient goes back where it came from
         return AllToAll.apply(grad)
 
 
@@ -157,15 +152,14 @@ def ulysses_attention(q, k, v, causal, padded):
     """(H, n, D): this rank's tokens, every head -> all-to-all -> (H/N, N*n, D): every token, this rank's heads."""
     n = q.shape[1]
 
-    def to_head_shard(t):  # dim 0 of what is sent: the rank it goes to; of what comes back: the rank it came from
+    def to_head_shard(t):  # dim 0: the rank it goes to, then came from
         got = AllToAll.apply(t.reshape(N, H // N, n, D))
         return got.reshape(N, H // N, n, D).transpose(0, 1).reshape(H // N, N * n, D)
 
-    keys = torch.arange(padded, device=device)
-    mask = (keys < L).expand(padded, padded)
-    if causal:
-        mask = mask & (keys[None, :] <= keys[:, None])
-    out = torch.nn.functional.scaled_dot_product_attention(*map(to_head_shard, (q, k, v)), attn_mask=mask)
+    # Causal, no query sees the padding (at the end); else a row of key padding, broadcast: no L x L mask.
+    keys_mask = None if causal or padded == L else (torch.arange(padded, device=device) < L)[None]
+    out = torch.nn.functional.scaled_dot_product_attention(*map(to_head_shard, (q, k, v)), attn_mask=keys_mask,
+                                                           is_causal=causal)
     back = out.reshape(H // N, N, n, D).transpose(0, 1).contiguous()
     return AllToAll.apply(back).reshape(H, n, D)
 
@@ -183,12 +177,26 @@ class AttentionModel(torch.nn.Module):
         return (q, k, v, out), self.proj(out.transpose(0, 1).reshape(-1, H * D))
 
 
-def relative_diff(mine, ref):  # float32 summed in another order: about 1e-7 of the values' size
+def saved_for_backward(model, forward):
+    """forward()'s result, and the bytes autograd saved meanwhile: each storage once, not the weights."""
+    weights, kept = {p.untyped_storage().data_ptr() for p in model.parameters()}, {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in weights:
+            kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = forward()
+    return result, sum(kept.values())
+
+
+def relative_diff(mine, ref):  # float32 summed in another order: about 1e-7
     return ((mine - ref).abs().max() / ref.abs().max()).item()
 
 
 @torch.no_grad()
-def sgd_step(model, lr=0.1):  # torch.optim.SGD's, by hand: its first step imports the compiler, 1.5 s a rank
+def sgd_step(model, lr=0.1):  # torch.optim.SGD imports the compiler: 1.5 s a rank
     for p in model.parameters():
         p -= lr * p.grad
 
@@ -199,9 +207,10 @@ x, target = torch.randn(L, H * D, device=device), torch.randn(L, H * D, device=d
 results = {}
 for name in cases:
     mode, causal, zigzag = name.split("+")[0], "causal" in name, "zigzag" in name
-    # One process, the whole sequence: the reference this case is checked against.
+    # One process, the whole sequence: the reference.
     whole = copy.deepcopy(reference)
-    ref_qkvo, y = whole(x, lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    sdpa = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+    (ref_qkvo, y), whole_bytes = saved_for_backward(whole, lambda: whole(x, sdpa))
     ((y - target) ** 2).sum().div(L).backward()
     sgd_step(whole)
     # This rank: its chunks of the padded sequence.
@@ -215,35 +224,32 @@ for name in cases:
         attention = lambda q, k, v: RingAttention.apply(q, k, v, (size, owned), causal, work)  # noqa: E731
     else:
         attention = lambda q, k, v: ulysses_attention(q, k, v, causal, padded)  # noqa: E731
-    qkvo, y_here = model(x_here, attention)
+    (qkvo, y_here), rank_bytes = saved_for_backward(model, lambda: model(x_here, attention))
     loss = ((y_here[real] - target[positions[real]]) ** 2).sum().div(L)  # padded queries dropped
     loss.backward()  # the ranks' losses add up to the whole sequence's
     for p in model.parameters():
-        dist.all_reduce(p.grad)  # each rank's gradient covers its own tokens' loss: summed, the whole sequence's
+        dist.all_reduce(p.grad)  # summed: the whole sequence's gradient
     sgd_step(model)
     out_diff = relative_diff(qkvo[3][:, real], ref_qkvo[3][:, positions[real]])
     grad_diff = {t: relative_diff(mine.grad[:, real], ref.grad[:, positions[real]])
                  for t, mine, ref in zip("qkv", qkvo, ref_qkvo)}
     step_diff = max(relative_diff(p, q) for p, q in zip(model.parameters(), whole.parameters()))
-    largest = H * size * size if mode == "ring" else H // N * padded * padded  # the scores a rank holds at once
     every = [None] * N
     dist.all_gather_object(every, {"out": out_diff, **grad_diff, "step": step_diff, "pairs": len(work),
-                                   "elements": sum(work) if mode == "ring" else H // N * padded * padded})
-    worst = {key: max(r[key] for r in every) for key in ("out", "q", "k", "v", "step")}
+                                   "elements": sum(work), "largest": max(work, default=0), "bytes": rank_bytes})
+    worst = {key: max(r[key] for r in every) for key in ("out", "q", "k", "v", "step")}  # step: the weights after
     results[name] = {
         "mode": mode, "causal": causal, "zigzag": zigzag,
         "matches_single_process": max(worst.values()) < 1e-5,  # max |diff| / max |value|, over every rank
-        "max_rel_output_diff": worst["out"], "max_rel_grad_diff": {t: worst[t] for t in "qkv"},
-        "max_rel_weight_diff_after_step": worst["step"], "padded": padded - L,
+        "max_rel_diff": worst, "padded": padded - L,
+        "saved_bytes_per_rank": [r["bytes"] for r in every], "single_process_saved_bytes": whole_bytes,
+        # ring only (ulysses calls scaled_dot_product_attention): the QK^T blocks it built
         "block_pairs_per_rank": [r["pairs"] for r in every] if mode == "ring" else None,
-        "score_elements_per_rank": [r["elements"] for r in every],  # the work: what QK^T computes
-        "largest_score_block_per_rank": largest, "single_process_scores": H * L * L}
+        "score_elements_per_rank": [r["elements"] for r in every] if mode == "ring" else None,
+        "largest_score_block": max(r["largest"] for r in every) if mode == "ring" else None}
     if rank == 0:
-        r = results[name]
-        print(f"{name}, L={L} on {N} ranks ({r['padded']} padded): output, dQ/dK/dV and the SGD step == one "
-              f"process's (max |diff| < 1e-5 of the largest |value|): {r['matches_single_process']}; "
-              f"block pairs per rank {r['block_pairs_per_rank']}; largest score block {largest} of one process's "
-              f"{H * L * L}")
+        print(f"{name}, L={L} on {N} ranks: output, dQ/dK/dV and the SGD step match one process: "
+              f"{results[name]['matches_single_process']}")
 if rank == 0:
     print("RESULT " + json.dumps({"world_size": N, "seq_len": L, "heads": H, "case": cases[0], **results[cases[0]],
                                   "cases": results}))

@@ -4,9 +4,9 @@ Every notebook runs on a laptop: a cell that needs a GPU tests for one (`if torc
 `if torch.cuda.device_count() >= 2:`) and otherwise prints what it skipped. Those branches never run in `make test`.
 On a machine with CUDA, this executes each notebook that has such a cell (a copy in memory: the committed notebook
 is never written), and writes what every GPU cell printed to notebooks/gpu_report.md. It then launches the scripts
-of lessons 14c and 15 (SCRIPT_RUNS) at the lesson's world size: on GPUs when there is one for each rank, else on the
-CPU with gloo, which the script says (ddp_common.backend_and_device). Without CUDA it says so in one line and writes
-nothing.
+of lessons 14c, 15, 15c and 15d (SCRIPT_RUNS) at the lesson's world size: on GPUs when there is one for each rank,
+else on the CPU with gloo, which the script says (ddp_common.backend_and_device). Without CUDA it says so in one line
+and writes nothing.
 """
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ SCRIPT_RUNS = [
     ("hsdp.py", 4, []),
     ("tensor_parallel.py", 2, []),
     ("layouts.py", 4, []),
+    ("context_parallel.py", 4, ["--seq-len", "64", "--cases",
+                                "ring,ring+causal,ring+causal+zigzag,ulysses,ulysses+causal"]),
+    ("expert_parallel.py", 4, ["--experts", "4", "--top-k", "2", "--capacity-factor", "1.0", "--dp", "2"]),
 ]
 FELL_BACK = re.compile(r"\d+ GPU\(s\) for \d+ ranks on this machine: using gloo on the CPU")
 
@@ -274,7 +277,7 @@ def report_markdown(machine: dict, results: list[CellResult], scripts: list[Scri
         if result.output is not None:
             lines += ["", fenced(result.output or "(no output)")]
     if scripts:
-        lines += ["", "## The scripts that choose their device: lessons 14c and 15", "",
+        lines += ["", "## The scripts that choose their device: lessons 14c, 15, 15c and 15d", "",
                   "Each ran at its lesson's world size: on GPUs when there is one for each rank, else on the CPU "
                   "with gloo, as the script says.", "", "| command | status |", "|---|---|"]
         lines += [f"| `{run.command}` | {table_cell(run.status)} |" for run in scripts]
@@ -306,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to run; on a machine with "
               f"one, this command runs the course's {len(gpu_cells(args.notebooks))} GPU cells and "
-              f"{len(SCRIPT_RUNS)} launches of lessons 14c and 15, and writes "
+              f"{len(SCRIPT_RUNS)} launches of lessons 14c, 15, 15c and 15d, and writes "
               f"{shown(args.report)}")
         return 0
     command = " ".join(["python -m lessons.gpu_check", *(sys.argv[1:] if argv is None else argv)])

@@ -1,9 +1,9 @@
-"""Lesson 15d's expert-parallel MoE layer at sizes a lesson would not use: 37 tokens a rank, top-2, capacity factor
-1.0 (tokens drop), at 3 ranks (6 experts, one copy) and 4 ranks (2 copies of 4 experts, expert 0 skewed).
+"""Lesson 15d's expert-parallel MoE layer at sizes a lesson would not use: 37 tokens a rank, capacity factor 1.0
+(tokens drop), at 2 ranks (6 experts, top-3), 3 ranks (6 experts, top-2) and 4 ranks (2 copies of 4 experts, expert 0
+skewed).
 
 Each launch checks, against the same layer in one process, the outputs, the router's and experts' gradients, one
-SGD step, and which tokens were dropped. Two launches: the 4-rank one's expert-parallel groups are 2 ranks, so a
-world of 2 would run no code the two do not; the dispatch exercise's check (test_exercises.py) runs 2, 3, 4 ranks.
+SGD step, and which (token, expert) pairs were dropped, as the experts received them.
 """
 import os
 import subprocess
@@ -12,7 +12,7 @@ import sys
 import lessons
 from conftest import SCRIPTS
 
-SIZES = ["--tokens", 37, "--top-k", 2, "--capacity-factor", 1.0]
+SIZES = ["--tokens", 37, "--capacity-factor", 1.0]
 
 
 def expert_parallel(nproc, *args, env):
@@ -26,10 +26,18 @@ def dropped_as_one_process(result):
     assert result["max_output_diff"] < 1e-5 and result["max_grad_diff"] < 1e-5, result
     assert sum(result["tokens_per_expert"]) == result["assignments"] - result["dropped_tokens"], result
     assert max(result["tokens_per_expert"]) <= result["capacity"] * result["world_size"], result
+    assert result["rows_sent_off_rank"] > 0 and not result["expert_step_matches_if_divided_by_copies"], result
+
+
+def test_two_ranks_six_experts_top_3(launch_env):
+    result = expert_parallel(2, "--experts", 6, "--top-k", 3, env=launch_env)
+    dropped_as_one_process(result)
+    assert (result["capacity"], result["assignments"]) == (19, 2 * 37 * 3), result
+    assert result["experts_of_rank"] == [[0, 1, 2], [3, 4, 5]], result
 
 
 def test_three_ranks_six_experts(launch_env):
-    result = expert_parallel(3, "--experts", 6, env=launch_env)
+    result = expert_parallel(3, "--experts", 6, "--top-k", 2, env=launch_env)
     dropped_as_one_process(result)
     assert result["experts_of_rank"] == [[0, 1], [2, 3], [4, 5]], result
     assert result["grads_averaged_over"] == {"router": [0, 1, 2], "experts 0-1": [0], "experts 2-3": [1],
@@ -40,7 +48,7 @@ def test_four_ranks_two_copies_of_the_experts_one_expert_skewed(launch_env):
     """2 data-parallel x 2 expert-parallel (so expert parallelism on groups of 2 ranks): the router averaged over all
     4 ranks, an expert over its 2 copies. Expert 0 skewed: it drops more, and balances worse, than the same tokens
     and router without the skew (the control, from the same launch)."""
-    result = expert_parallel(4, "--experts", 4, "--dp", 2, "--skew", 3, env=launch_env)
+    result = expert_parallel(4, "--experts", 4, "--top-k", 2, "--dp", 2, "--skew", 3, env=launch_env)
     dropped_as_one_process(result)
     assert (result["dp"], result["ep"], result["capacity"]) == (2, 2, 19), result
     assert result["experts_of_rank"] == [[0, 1], [2, 3], [0, 1], [2, 3]], result

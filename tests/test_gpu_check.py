@@ -25,7 +25,7 @@ GPU_CELLS = [
     ("12b_zero_dcp_and_activations.ipynb", 17, 1),
     ("13_training_loop.ipynb", 11, 2),
     ("15c_context_parallelism.ipynb", 17, 2),
-    ("15d_expert_parallelism.ipynb", 16, 1),
+    ("15d_expert_parallelism.ipynb", 14, 1),
 ]
 
 
@@ -155,8 +155,8 @@ def test_without_cuda_it_says_so_in_one_line_and_writes_nothing(monkeypatch, cap
     printed = capsys.readouterr()
     assert printed.err == "" and printed.out.count("\n") == 1
     assert printed.out.startswith("gpu-check: no CUDA GPU here (torch.cuda.is_available() is False): nothing to run;")
-    assert f"runs the course's {len(GPU_CELLS)} GPU cells and {len(gpu_check.SCRIPT_RUNS)} launches of lessons 14c " \
-           f"and 15, and writes {report}" in printed.out
+    assert f"runs the course's {len(GPU_CELLS)} GPU cells and {len(gpu_check.SCRIPT_RUNS)} launches of lessons 14c, " \
+           f"15, 15c and 15d, and writes {report}" in printed.out
     assert not report.exists() and list(tmp_path.iterdir()) == []
 
 
@@ -237,7 +237,8 @@ def test_a_rank_gets_a_gpu_only_when_it_has_one_of_its_own(monkeypatch, capsys, 
 def test_every_script_that_may_use_a_gpu_chooses_it_by_the_one_rule():
     """No script sets its device from torch.cuda.is_available() alone (lessons 14c and 15 did, and failed with an
     invalid device ordinal on a 1-GPU machine): set_device only in ddp_common and the template (which has the same
-    rule, since it imports nothing of ours). And gpu-check launches every script of 14c and 15 that picks a device."""
+    rule, since it imports nothing of ours). And gpu-check launches every script
+    of 14c, 15, 15c and 15d that picks a device."""
     from conftest import SCRIPTS
     for script in sorted(SCRIPTS.glob("*.py")):
         text = script.read_text()
@@ -249,7 +250,7 @@ def test_every_script_that_may_use_a_gpu_chooses_it_by_the_one_rule():
     assert "backend, device = backend_and_device()" in template
     launched = {script for script, _, _ in gpu_check.SCRIPT_RUNS}
     assert launched == {"digits_accelerate.py", "digits_lightning.py", "device_mesh_tour.py", "hsdp.py",
-                        "tensor_parallel.py", "layouts.py"}
+                        "tensor_parallel.py", "layouts.py", "context_parallel.py", "expert_parallel.py"}
     for script in launched:
         assert "backend_and_device()" in (SCRIPTS / script).read_text(), script
 
