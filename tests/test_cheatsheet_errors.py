@@ -82,6 +82,17 @@ QUOTED = [
         (") must be greater than ", "torch/distributed/pipelining/schedules.py"),
         ("or equal to the number of stages (", "torch/distributed/pipelining/schedules.py"),
     ]),
+    ("does not have a sharding strategy registered", False, [  # raised in lesson 15c, on the CPU
+        ("Operator ", "torch/distributed/tensor/_sharding_prop.py"),
+        (" does not have a sharding strategy registered.", "torch/distributed/tensor/_sharding_prop.py"),
+    ]),
+    ("Load balancing requires", True, [  # context_parallel() on GPUs
+        ("Load balancing requires `is_causal=True`.", "torch/distributed/tensor/experimental/_context_parallel/*.py"),
+        ("enable_load_balance", "torch/distributed/tensor/experimental/_context_parallel/*.py"),
+    ]),
+    ("Offsets have to be int32", False, [("Offsets have to be int32", "torch/lib/libtorch_cpu.so")]),
+    ("strides should be multiple of 16 bytes", False, [
+        ("strides should be multiple of 16 bytes", "torch/lib/libtorch_cpu.so")]),
     ("Expected to have finished reduction", False, [  # reducer.cpp
         ("Expected to have finished reduction in the prior iteration before starting a new one. This error indicates "
          "that your module has parameters that were not used in producing loss.", "torch/lib/libtorch_cpu.so"),
@@ -255,3 +266,17 @@ def test_an_unused_parameter_raises_the_quoted_error_naming_it(launch_env, tmp_p
     for message in quoted:
         assert message in rank0, f"rank 0 did not say {message!r}:\n{rank0[-2000:]}"
     assert "no error without" not in rank0
+
+
+def test_grouped_mm_raises_the_quoted_errors_and_the_rows_fixes_run():
+    """Lesson 15d's two grouped-GEMM rows: int64 offsets, and 12-byte rows; each fix beside its error."""
+    counts = torch.tensor([3, 0, 5, 2])
+    rows, weights, offs = torch.randn(10, 8), torch.randn(4, 8, 16), counts.cumsum(0)
+    with pytest.raises(RuntimeError, match="^Offsets have to be int32$"):
+        torch.nn.functional.grouped_mm(rows, weights, offs=offs)
+    with pytest.raises(RuntimeError, match="^strides should be multiple of 16 bytes$"):
+        torch.nn.functional.grouped_mm(rows[:, :3].contiguous(), weights[:, :3], offs=offs.to(torch.int32))
+    for width in (8, 4):  # the fixes: int32 offsets; a row of 4 float32 values is 16 bytes
+        out = torch.nn.functional.grouped_mm(rows[:, :width].contiguous(), weights[:, :width],
+                                             offs=offs.to(torch.int32))
+        assert out.shape == (10, 16)
