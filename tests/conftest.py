@@ -37,6 +37,12 @@ def pytest_unconfigure(config):
         shutil.rmtree(Path(os.environ.pop(SNAPSHOT)).parent, ignore_errors=True)
 
 
+# What each scope took in a make test (tests/scope_seconds.json, rounded): the scheduler hands out the longest first,
+# so that the run does not end on one worker with a long file the other could have shared. A new file is taken for
+# UNKNOWN_SCOPE_S; the figures only order the work (refresh them from artifacts/durations.json when they drift).
+SCOPE_SECONDS = ROOT / "tests" / "scope_seconds.json"
+UNKNOWN_SCOPE_S = 10
+
 # Under `pytest -n 2` the notebooks run as two groups, each in order on one worker. The second group uses no
 # script of another lesson but ddp_common.py, which lesson 00 writes, so it starts once lesson 00's cell has written
 # it (tests/test_notebook_sync.py checks that split against the scripts each notebook launches and imports).
@@ -67,6 +73,7 @@ def pytest_xdist_make_scheduler(config, log):
     worker used to finish last."""
     from xdist.scheduler import LoadScopeScheduling
     ddp_common_written = cell_that_writes(WRITES_DDP_COMMON, "ddp_common.py")
+    expected = json.loads(SCOPE_SECONDS.read_text())
 
     class NotebooksInTwoGroups(LoadScopeScheduling):
         second_group_may_start = False
@@ -77,10 +84,10 @@ def pytest_xdist_make_scheduler(config, log):
         def _assign_work_unit(self, node):
             if ddp_common_written not in self.collection:  # lesson 00 is not in this run
                 self.second_group_may_start = True
-            scope = next((s for s in self.workqueue
-                          if s != "notebooks, second group" or self.second_group_may_start), None)
-            if scope is None:  # only the second group is left, and lesson 00 has not written ddp_common.py yet
+            allowed = [s for s in self.workqueue if s != "notebooks, second group" or self.second_group_may_start]
+            if not allowed:  # only the second group is left, and lesson 00 has not written ddp_common.py yet
                 return
+            scope = max(allowed, key=lambda s: expected.get(s, UNKNOWN_SCOPE_S))  # the longest first
             self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
